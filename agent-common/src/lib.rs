@@ -1,0 +1,149 @@
+//! The ABI between the memwatch eBPF programs and the agent.
+//!
+//! Every type here is `#[repr(C)]`, `Copy` and laid out without implicit
+//! padding, so the kernel and user space read the same bytes. A layout test
+//! at the bottom of this file fails when a field moves.
+#![no_std]
+
+/// Map names, shared so the agent never spells them differently.
+pub mod maps {
+    /// `RingBuf` carrying [`super::OomVictimEvent`] records to user space.
+    pub const EVENTS: &str = "EVENTS";
+    /// Per-CPU array of `u64` probe counters, indexed by [`super::ProbeCounter`].
+    pub const PROBE_COUNTERS: &str = "PROBE_COUNTERS";
+}
+
+/// Program names (the Rust function names in agent-ebpf).
+pub mod programs {
+    /// `tp_btf` on `oom/mark_victim`.
+    pub const OOM_MARK_VICTIM_BTF: &str = "oom_mark_victim_btf";
+    /// Raw tracepoint on `mark_victim`, for kernels that refuse `tp_btf`.
+    pub const OOM_MARK_VICTIM_RAW: &str = "oom_mark_victim_raw";
+}
+
+/// Name of the global holding [`KernelOffsets`] in the eBPF object.
+pub const OFFSETS_GLOBAL: &str = "OFFSETS";
+
+/// Size of `task_struct::comm` (TASK_COMM_LEN).
+pub const COMM_LEN: usize = 16;
+
+/// Ring buffer size in bytes (a power of two, a multiple of the page size).
+/// An OOM record is 88 bytes: 256 KiB holds ~2,900 of them unread.
+pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
+
+/// Counters the programs keep in [`maps::PROBE_COUNTERS`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeCounter {
+    /// OOM victims seen by the program.
+    OomSeen = 0,
+    /// Records lost because the ring buffer was full.
+    RingbufFull = 1,
+    /// Kernel reads that failed (a field left zero in the record).
+    ReadErrors = 2,
+}
+
+impl ProbeCounter {
+    /// Number of counters; the map's size.
+    pub const COUNT: u32 = 3;
+    pub const ALL: [ProbeCounter; 3] = [Self::OomSeen, Self::RingbufFull, Self::ReadErrors];
+}
+
+/// Struct offsets and enum values of the running kernel, read from its BTF at
+/// load time (Rust eBPF has no CO-RE relocations) and set as a global.
+///
+/// All offsets are in bytes from the start of the named struct.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_comm: u32,
+    pub task_mm: u32,
+    pub task_cgroups: u32,
+    /// `css_set::subsys`, an array of `struct cgroup_subsys_state *`.
+    pub css_set_subsys: u32,
+    pub css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
+    pub mm_total_vm: u32,
+    /// Start of the per-mm RSS counters (`mm_struct::rss_stat`, and inside it
+    /// `count` on kernels where it is a `struct mm_rss_stat`).
+    pub mm_rss_base: u32,
+    /// Stride between two RSS counters (a `percpu_counter`, or an `atomic_long_t`).
+    pub mm_rss_stride: u32,
+    /// Offset of the `s64`/`long` value within one RSS counter.
+    pub mm_rss_value: u32,
+    /// Index of the memory controller in `css_set::subsys` (`memory_cgrp_id`).
+    pub memory_cgrp_id: u32,
+    pub mm_filepages: u32,
+    pub mm_anonpages: u32,
+    pub mm_shmempages: u32,
+    /// Non-zero once user space has filled this in; the programs do nothing
+    /// before, so a mis-loaded object cannot read garbage.
+    pub valid: u32,
+}
+
+/// One OOM victim, as the kernel saw it when `mark_victim` fired.
+///
+/// Figures are raw: pages, not bytes (user space knows the page size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomVictimEvent {
+    /// `bpf_ktime_get_boot_ns()` when the victim was marked.
+    pub boot_time_ns: u64,
+    /// kernfs id (= directory inode) of the victim's memory cgroup: the v1
+    /// memcg where memory is v1, the v2 cgroup where it is v2.
+    pub memcg_id: u64,
+    /// `mm_struct::total_vm`, pages.
+    pub total_vm_pages: u64,
+    pub anon_rss_pages: i64,
+    pub file_rss_pages: i64,
+    pub shmem_rss_pages: i64,
+    /// Thread id of the victim (the kernel's `pid`).
+    pub pid: u32,
+    /// Process id of the victim (the kernel's `tgid`).
+    pub tgid: u32,
+    /// Process whose allocation triggered the OOM (the current task).
+    pub trigger_tgid: u32,
+    /// Bits of [`OomVictimEvent::FLAG_NO_MM`] and friends.
+    pub flags: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+impl OomVictimEvent {
+    /// The victim had no mm: RSS figures are zero.
+    pub const FLAG_NO_MM: u32 = 1 << 0;
+    /// The memory cgroup could not be read: `memcg_id` is zero.
+    pub const FLAG_NO_MEMCG: u32 = 1 << 1;
+    /// Some other field could not be read and is zero.
+    pub const FLAG_PARTIAL: u32 = 1 << 2;
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: both are #[repr(C)], Copy, contain only integers and have no
+    // padding (checked by the layout tests below): every bit pattern is valid.
+    unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::OomVictimEvent {}
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::{offset_of, size_of};
+
+    use super::*;
+
+    #[test]
+    fn oom_victim_event_layout_has_no_padding() {
+        assert_eq!(size_of::<OomVictimEvent>(), 6 * 8 + 4 * 4 + COMM_LEN);
+        assert_eq!(offset_of!(OomVictimEvent, pid), 48);
+        assert_eq!(offset_of!(OomVictimEvent, comm), 64);
+    }
+
+    #[test]
+    fn kernel_offsets_layout_has_no_padding() {
+        assert_eq!(size_of::<KernelOffsets>(), 18 * 4);
+        assert_eq!(offset_of!(KernelOffsets, valid), 17 * 4);
+    }
+}

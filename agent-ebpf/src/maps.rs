@@ -1,0 +1,47 @@
+//! Maps and load-time globals shared by every program.
+
+use agent_common::{EVENTS_RING_BYTES, KernelOffsets, ProbeCounter};
+use aya_ebpf::{
+    Global,
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
+};
+
+/// Struct offsets of the running kernel; set by the agent before load.
+#[unsafe(no_mangle)]
+pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
+    task_pid: 0,
+    task_tgid: 0,
+    task_comm: 0,
+    task_mm: 0,
+    task_cgroups: 0,
+    css_set_subsys: 0,
+    css_cgroup: 0,
+    cgroup_kn: 0,
+    kernfs_node_id: 0,
+    mm_total_vm: 0,
+    mm_rss_base: 0,
+    mm_rss_stride: 0,
+    mm_rss_value: 0,
+    memory_cgrp_id: 0,
+    mm_filepages: 0,
+    mm_anonpages: 0,
+    mm_shmempages: 0,
+    valid: 0,
+});
+
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+#[map(name = "PROBE_COUNTERS")]
+pub static PROBE_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ProbeCounter::COUNT, 0);
+
+/// Adds one to a probe counter on this CPU (per-CPU: no atomics needed).
+#[inline(always)]
+pub fn count(counter: ProbeCounter) {
+    if let Some(slot) = PROBE_COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: the pointer is this CPU's slot of a live map element, and a
+        // BPF program is not preempted by itself on the same CPU.
+        unsafe { *slot += 1 };
+    }
+}

@@ -1,0 +1,3 @@
+//! One attach point per file.
+
+pub mod oom_mark_victim;

@@ -1,0 +1,132 @@
+//! `oom/mark_victim`: the kernel has chosen a task to kill for lack of memory.
+//!
+//! The tracepoint runs in the context of the task whose allocation triggered
+//! the OOM, not the victim's: everything here is read from the victim's
+//! `task_struct`, the tracepoint's first argument (`TP_PROTO(struct
+//! task_struct *task, uid_t uid)` since Linux 6.2).
+
+use agent_common::{COMM_LEN, KernelOffsets, OomVictimEvent, ProbeCounter};
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
+};
+
+use crate::maps::{EVENTS, OFFSETS, count};
+
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    match try_mark_victim(task) {
+        Ok(()) => 0,
+        Err(code) => code,
+    }
+}
+
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn oom_mark_victim_raw(ctx: RawTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    match try_mark_victim(task) {
+        Ok(()) => 0,
+        Err(code) => code,
+    }
+}
+
+/// Reads a `T` at `base + offset` in kernel memory.
+#[inline(always)]
+fn read<T>(base: *const u8, offset: u32) -> Result<T, i32> {
+    // SAFETY: bpf_probe_read_kernel validates the address; a bad one yields
+    // an error, never a fault.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }
+}
+
+fn try_mark_victim(task: *const u8) -> Result<(), i32> {
+    let off = OFFSETS.load();
+    if off.valid == 0 || task.is_null() {
+        return Err(1);
+    }
+    count(ProbeCounter::OomSeen);
+
+    let Some(mut entry) = EVENTS.reserve::<OomVictimEvent>(0) else {
+        count(ProbeCounter::RingbufFull);
+        return Err(2);
+    };
+    let mut event = OomVictimEvent {
+        boot_time_ns: unsafe { bpf_ktime_get_boot_ns() },
+        memcg_id: 0,
+        total_vm_pages: 0,
+        anon_rss_pages: 0,
+        file_rss_pages: 0,
+        shmem_rss_pages: 0,
+        pid: 0,
+        tgid: 0,
+        trigger_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        flags: 0,
+        comm: [0; COMM_LEN],
+    };
+    fill_identity(task, &off, &mut event);
+    fill_memcg(task, &off, &mut event);
+    fill_rss(task, &off, &mut event);
+    if event.flags != 0 {
+        count(ProbeCounter::ReadErrors);
+    }
+    entry.write(event);
+    entry.submit(0);
+    Ok(())
+}
+
+fn fill_identity(task: *const u8, off: &KernelOffsets, event: &mut OomVictimEvent) {
+    match (
+        read::<i32>(task, off.task_pid),
+        read::<i32>(task, off.task_tgid),
+        read::<[u8; COMM_LEN]>(task, off.task_comm),
+    ) {
+        (Ok(pid), Ok(tgid), Ok(comm)) => {
+            event.pid = pid as u32;
+            event.tgid = tgid as u32;
+            event.comm = comm;
+        }
+        _ => event.flags |= OomVictimEvent::FLAG_PARTIAL,
+    }
+}
+
+/// task->cgroups->subsys[memory_cgrp_id]->cgroup->kn->id: the kernfs id of
+/// the victim's memory cgroup, which is its directory's inode number on the
+/// hierarchy that holds the memory controller (v1 or v2).
+fn fill_memcg(task: *const u8, off: &KernelOffsets, event: &mut OomVictimEvent) {
+    let id = (|| -> Result<u64, i32> {
+        let css_set: *const u8 = read(task, off.task_cgroups)?;
+        let slot = off.css_set_subsys + off.memory_cgrp_id * 8;
+        let css: *const u8 = read(css_set, slot)?;
+        let cgroup: *const u8 = read(css, off.css_cgroup)?;
+        let kn: *const u8 = read(cgroup, off.cgroup_kn)?;
+        read::<u64>(kn, off.kernfs_node_id)
+    })();
+    match id {
+        Ok(id) => event.memcg_id = id,
+        Err(_) => event.flags |= OomVictimEvent::FLAG_NO_MEMCG,
+    }
+}
+
+/// mm->total_vm and the approximate per-mm RSS counters (what the kernel's
+/// own OOM report prints).
+fn fill_rss(task: *const u8, off: &KernelOffsets, event: &mut OomVictimEvent) {
+    let mm = match read::<*const u8>(task, off.task_mm) {
+        Ok(mm) if !mm.is_null() => mm,
+        _ => {
+            event.flags |= OomVictimEvent::FLAG_NO_MM;
+            return;
+        }
+    };
+    let counter = |index: u32| -> i64 {
+        read::<i64>(
+            mm,
+            off.mm_rss_base + index * off.mm_rss_stride + off.mm_rss_value,
+        )
+        .unwrap_or(0)
+    };
+    event.total_vm_pages = read::<u64>(mm, off.mm_total_vm).unwrap_or(0);
+    event.anon_rss_pages = counter(off.mm_anonpages);
+    event.file_rss_pages = counter(off.mm_filepages);
+    event.shmem_rss_pages = counter(off.mm_shmempages);
+}

@@ -1,0 +1,39 @@
+//! `GET /v1/events?after=SEQ&limit=N`: events from the outbox, oldest first.
+
+use axum::{
+    Json,
+    extract::{Query, State, rejection::QueryRejection},
+    http::StatusCode,
+};
+use serde::Deserialize;
+
+use super::{ApiError, AppState};
+use crate::event::Event;
+
+/// Events per page when `limit` is not given.
+pub const DEFAULT_LIMIT: usize = 100;
+/// The most events one page returns.
+pub const MAX_LIMIT: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    #[serde(default)]
+    after: u64,
+    limit: Option<usize>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Json<Vec<Event>>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("limit must be between 1 and {MAX_LIMIT}, got {limit}"),
+        ));
+    }
+    Ok(Json(state.outbox.read(query.after, limit)))
+}

@@ -1,0 +1,214 @@
+//! Where the memory controller lives, and cgroup id → path.
+//!
+//! The probe reports a memory cgroup by its kernfs id, which is the inode
+//! number of the cgroup's directory on the hierarchy that holds the memory
+//! controller: cgroup v1 `memory` on hybrid hosts like this one, the unified
+//! cgroup2 tree where memory is v2.
+
+use std::{
+    collections::HashMap,
+    fmt, fs, io,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use procfs::process::MountInfo;
+
+/// Which cgroup version carries the memory controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+impl fmt::Display for CgroupVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::V1 => "v1",
+            Self::V2 => "v2",
+        })
+    }
+}
+
+/// The mounted hierarchy that holds the memory controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryHierarchy {
+    /// Mount point, e.g. `/sys/fs/cgroup/memory` (v1) or `/sys/fs/cgroup` (v2).
+    pub root: PathBuf,
+    pub version: CgroupVersion,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "no mounted cgroup hierarchy has the memory controller (looked for a cgroup v1 \
+         mount with the `memory` option and a cgroup2 mount listing `memory` in cgroup.controllers)"
+    )]
+    NoMemoryController,
+}
+
+impl MemoryHierarchy {
+    /// Finds the memory hierarchy from this process's mount table.
+    pub fn discover() -> Result<Self, CgroupError> {
+        let path = "/proc/self/mountinfo";
+        let text = fs::read_to_string(path).map_err(|source| CgroupError::Io {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_mountinfo(&text, |root| {
+            fs::read_to_string(root.join("cgroup.controllers")).ok()
+        })
+        .ok_or(CgroupError::NoMemoryController)
+    }
+
+    /// Picks the memory hierarchy from mountinfo text. A v1 `memory` mount
+    /// wins: where both exist the kernel charges memory to v1.
+    /// `controllers` reads a cgroup2 root's `cgroup.controllers`.
+    pub fn from_mountinfo(
+        mountinfo: &str,
+        controllers: impl Fn(&Path) -> Option<String>,
+    ) -> Option<Self> {
+        let mounts: Vec<MountInfo> = mountinfo
+            .lines()
+            .filter_map(|line| MountInfo::from_line(line).ok())
+            .collect();
+        let v1 = mounts.iter().find(|m| {
+            m.fs_type == "cgroup" && m.root == "/" && m.super_options.contains_key("memory")
+        });
+        if let Some(m) = v1 {
+            return Some(Self {
+                root: m.mount_point.clone(),
+                version: CgroupVersion::V1,
+            });
+        }
+        mounts
+            .iter()
+            .filter(|m| m.fs_type == "cgroup2" && m.root == "/")
+            .find(|m| {
+                controllers(&m.mount_point)
+                    .is_some_and(|c| c.split_whitespace().any(|name| name == "memory"))
+            })
+            .map(|m| Self {
+                root: m.mount_point.clone(),
+                version: CgroupVersion::V2,
+            })
+    }
+}
+
+/// Resolves memory cgroup ids (directory inodes) to paths, caching what it
+/// has seen. A miss walks the hierarchy once; ids of cgroups already removed
+/// stay unresolved (the probe issue adds lifecycle tracking for those).
+#[derive(Debug)]
+pub struct CgroupResolver {
+    hierarchy: MemoryHierarchy,
+    by_id: HashMap<u64, PathBuf>,
+}
+
+impl CgroupResolver {
+    pub fn new(hierarchy: MemoryHierarchy) -> Self {
+        Self {
+            hierarchy,
+            by_id: HashMap::new(),
+        }
+    }
+
+    pub fn hierarchy(&self) -> &MemoryHierarchy {
+        &self.hierarchy
+    }
+
+    /// The cgroup's directory, or `None` when no such cgroup exists now.
+    pub fn resolve(&mut self, id: u64) -> Option<PathBuf> {
+        if let Some(path) = self.by_id.get(&id) {
+            if inode(path) == Some(id) {
+                return Some(path.clone());
+            }
+            // Removed (or removed and its inode reused): forget and rescan.
+            self.by_id.remove(&id);
+        }
+        self.rescan();
+        self.by_id.get(&id).cloned()
+    }
+
+    fn rescan(&mut self) {
+        let mut stack = vec![self.hierarchy.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(meta) = fs::metadata(&dir) else {
+                continue;
+            };
+            self.by_id.insert(meta.ino(), dir.clone());
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            stack.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    fs::metadata(path).ok().map(|m| m.ino())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    const PURE_V2: &str = "\
+25 20 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+";
+
+    #[test]
+    fn hybrid_host_uses_v1_memory() {
+        let h = MemoryHierarchy::from_mountinfo(HYBRID, |_| Some("cpu io".into())).unwrap();
+        assert_eq!(h.root, Path::new("/sys/fs/cgroup/memory"));
+        assert_eq!(h.version, CgroupVersion::V1);
+    }
+
+    #[test]
+    fn pure_v2_needs_memory_in_controllers() {
+        let with =
+            MemoryHierarchy::from_mountinfo(PURE_V2, |_| Some("cpuset cpu io memory pids".into()));
+        assert_eq!(
+            with,
+            Some(MemoryHierarchy {
+                root: "/sys/fs/cgroup".into(),
+                version: CgroupVersion::V2
+            })
+        );
+        let without = MemoryHierarchy::from_mountinfo(PURE_V2, |_| Some("cpu io pids".into()));
+        assert_eq!(without, None);
+    }
+
+    #[test]
+    fn resolver_finds_directories_by_inode_and_forgets_removed_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let child = dir.path().join("a/b");
+        fs::create_dir_all(&child).unwrap();
+        let id = inode(&child).unwrap();
+        let mut resolver = CgroupResolver::new(MemoryHierarchy {
+            root: dir.path().into(),
+            version: CgroupVersion::V2,
+        });
+        assert_eq!(resolver.resolve(id), Some(child.clone()));
+        fs::remove_dir(&child).unwrap();
+        assert_eq!(resolver.resolve(id), None);
+    }
+}

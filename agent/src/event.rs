@@ -1,0 +1,185 @@
+//! The events memwatch emits: the contract of ../shared/DESIGN.md.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// What happened. Serialized in snake_case (`oom_kill`, `agent_started`, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    AgentStarted,
+    TaskStarted,
+    TaskRejected,
+    TaskFinished,
+    SoftCapExceeded,
+    OomKill,
+    WorkerUnhealthy,
+    WorkerRecovered,
+    Heartbeat,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 9] = [
+        Self::AgentStarted,
+        Self::TaskStarted,
+        Self::TaskRejected,
+        Self::TaskFinished,
+        Self::SoftCapExceeded,
+        Self::OomKill,
+        Self::WorkerUnhealthy,
+        Self::WorkerRecovered,
+        Self::Heartbeat,
+    ];
+
+    /// The wire name, also used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AgentStarted => "agent_started",
+            Self::TaskStarted => "task_started",
+            Self::TaskRejected => "task_rejected",
+            Self::TaskFinished => "task_finished",
+            Self::SoftCapExceeded => "soft_cap_exceeded",
+            Self::OomKill => "oom_kill",
+            Self::WorkerUnhealthy => "worker_unhealthy",
+            Self::WorkerRecovered => "worker_recovered",
+            Self::Heartbeat => "heartbeat",
+        }
+    }
+}
+
+/// Which limit an OOM kill hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OomConstraint {
+    /// A memory cgroup's limit.
+    Cgroup,
+    /// The whole host ran out of memory.
+    Global,
+}
+
+/// One event as stored and shipped. `id`, `seq`, `time` and `host` are set
+/// by the outbox when the event is appended; the rest is [`EventBody`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Unique, assigned once: the same on every delivery attempt.
+    pub id: String,
+    /// Per host, strictly increasing.
+    pub seq: u64,
+    /// When it happened (the kernel's time stamp for kernel events).
+    pub time: DateTime<Utc>,
+    pub host: String,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// What an event says; fields that do not apply are left out of the JSON.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EventBody {
+    pub kind: EventKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// Path of the memory cgroup (full filesystem path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// Process id (the kernel's tgid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Thread id, when it differs from `pid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_cap_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<OomConstraint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_cgroup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// OOM kills: the breakdown behind `rss_bytes` and the process that
+    /// triggered the kill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<OomDetails>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomDetails {
+    pub anon_rss_bytes: u64,
+    pub file_rss_bytes: u64,
+    pub shmem_rss_bytes: u64,
+    pub total_vm_bytes: u64,
+    /// The process whose allocation made the kernel pick a victim.
+    pub trigger_pid: u32,
+    /// kernfs id of the victim's memory cgroup (its directory's inode).
+    pub memcg_id: u64,
+}
+
+impl EventBody {
+    /// A body of `kind` with nothing else set.
+    pub fn new(kind: EventKind) -> Self {
+        Self {
+            kind,
+            worker: None,
+            task_id: None,
+            cgroup: None,
+            pid: None,
+            tid: None,
+            comm: None,
+            rss_bytes: None,
+            soft_cap_bytes: None,
+            limit_bytes: None,
+            constraint: None,
+            limit_cgroup: None,
+            reason: None,
+            oom: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_contract_fields_and_omits_absent_ones() {
+        let mut body = EventBody::new(EventKind::OomKill);
+        body.pid = Some(42);
+        body.comm = Some("memhog".into());
+        body.cgroup = Some("/sys/fs/cgroup/memory/t".into());
+        body.rss_bytes = Some(4096);
+        let event = Event {
+            id: "0192-abc".into(),
+            seq: 7,
+            time: DateTime::parse_from_rfc3339("2026-11-30T07:00:00.123Z")
+                .unwrap()
+                .into(),
+            host: "node-1".into(),
+            body,
+        };
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "id": "0192-abc", "seq": 7, "time": "2026-11-30T07:00:00.123Z",
+                "host": "node-1", "kind": "oom_kill", "pid": 42, "comm": "memhog",
+                "cgroup": "/sys/fs/cgroup/memory/t", "rss_bytes": 4096
+            })
+        );
+        let back: Event = serde_json::from_value(json).unwrap();
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn kind_names_match_serde() {
+        for kind in EventKind::ALL {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+    }
+}

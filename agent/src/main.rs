@@ -1,0 +1,39 @@
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use memwatch::{
+    cli::{Cli, Command},
+    config::Config,
+};
+
+/// Exit status for configuration errors (clap uses 2 for bad flags too).
+const EXIT_CONFIG: u8 = 2;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            let config = match Config::load(args.config.as_deref(), &args.overrides()) {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("memwatch: {error}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            memwatch::telemetry::init_logging(&config.log_level);
+            report(memwatch::agent::run(config).await)
+        }
+        Command::Events(args) => report(memwatch::client::events(&args).await),
+    }
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("memwatch: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Probe events → outbox events: resolves the kernel's ids into names a
+//! scheduler understands and numbers the result in the outbox.
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::{
+    cgroup::CgroupResolver,
+    event::{EventBody, EventKind, OomDetails},
+    probe::{OomVictim, ProbeEvent},
+    shipper::outbox::Outbox,
+    telemetry::Metrics,
+};
+
+/// Bound of the queue between the ring-buffer reader and the pipeline.
+pub const PROBE_QUEUE: usize = 4096;
+
+pub struct Pipeline {
+    pub resolver: CgroupResolver,
+    pub outbox: Outbox,
+    pub metrics: Metrics,
+}
+
+impl Pipeline {
+    /// Runs until every sender is gone.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<ProbeEvent>) {
+        while let Some(event) = rx.recv().await {
+            self.handle(event);
+        }
+    }
+
+    pub fn handle(&mut self, event: ProbeEvent) {
+        match event {
+            ProbeEvent::OomVictim(victim) => {
+                let body = self.oom_kill(&victim);
+                self.metrics.oom_kills.inc();
+                let event = self.outbox.append(body, Some(victim.time));
+                info!(
+                    seq = event.seq,
+                    pid = victim.pid,
+                    comm = %victim.comm,
+                    cgroup = event.body.cgroup.as_deref().unwrap_or("?"),
+                    rss_bytes = victim.rss_bytes(),
+                    "OOM kill"
+                );
+            }
+        }
+    }
+
+    fn oom_kill(&mut self, v: &OomVictim) -> EventBody {
+        let mut body = EventBody::new(EventKind::OomKill);
+        body.pid = Some(v.pid);
+        body.tid = (v.tid != v.pid).then_some(v.tid);
+        body.comm = Some(v.comm.clone());
+        body.rss_bytes = Some(v.rss_bytes());
+        match v.memcg_id.map(|id| (id, self.resolver.resolve(id))) {
+            Some((_, Some(path))) => body.cgroup = Some(path.display().to_string()),
+            Some((id, None)) => {
+                warn!(
+                    memcg_id = id,
+                    pid = v.pid,
+                    "OOM victim's memory cgroup already gone"
+                );
+                body.reason = Some(format!(
+                    "memory cgroup {id} was removed before it could be resolved"
+                ));
+            }
+            None => body.reason = Some("the kernel record had no readable memory cgroup".into()),
+        }
+        body.oom = Some(OomDetails {
+            anon_rss_bytes: v.anon_rss_bytes,
+            file_rss_bytes: v.file_rss_bytes,
+            shmem_rss_bytes: v.shmem_rss_bytes,
+            total_vm_bytes: v.total_vm_bytes,
+            trigger_pid: v.trigger_pid,
+            memcg_id: v.memcg_id.unwrap_or(0),
+        });
+        body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, os::unix::fs::MetadataExt as _};
+
+    use chrono::Utc;
+
+    use super::*;
+    use crate::cgroup::{CgroupVersion, MemoryHierarchy};
+
+    fn victim(memcg_id: Option<u64>) -> OomVictim {
+        OomVictim {
+            time: Utc::now(),
+            pid: 100,
+            tid: 101,
+            comm: "memhog".into(),
+            memcg_id,
+            anon_rss_bytes: 64 << 20,
+            file_rss_bytes: 1 << 20,
+            shmem_rss_bytes: 0,
+            total_vm_bytes: 256 << 20,
+            trigger_pid: 100,
+        }
+    }
+
+    fn pipeline(root: &std::path::Path) -> Pipeline {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        Pipeline {
+            resolver: CgroupResolver::new(MemoryHierarchy {
+                root: root.into(),
+                version: CgroupVersion::V1,
+            }),
+            outbox: Outbox::new("h", 10, metrics.clone()),
+            metrics,
+        }
+    }
+
+    #[tokio::test]
+    async fn oom_victim_becomes_an_oom_kill_event_with_its_cgroup_path() {
+        let root = tempfile::tempdir().unwrap();
+        let cg = root.path().join("job-7");
+        fs::create_dir(&cg).unwrap();
+        let id = fs::metadata(&cg).unwrap().ino();
+        let (tx, rx) = mpsc::channel(4);
+        let p = pipeline(root.path());
+        let (outbox, metrics) = (p.outbox.clone(), p.metrics.clone());
+        tx.send(ProbeEvent::OomVictim(victim(Some(id))))
+            .await
+            .unwrap();
+        drop(tx);
+        p.run(rx).await;
+
+        let events = outbox.read(0, 10);
+        assert_eq!(events.len(), 1);
+        let e = &events[0].body;
+        assert_eq!(e.kind, EventKind::OomKill);
+        assert_eq!((e.pid, e.tid), (Some(100), Some(101)));
+        assert_eq!(e.comm.as_deref(), Some("memhog"));
+        assert_eq!(e.cgroup.as_deref(), Some(cg.to_str().unwrap()));
+        assert_eq!(e.rss_bytes, Some(65 << 20));
+        assert_eq!(e.reason, None);
+        assert_eq!(metrics.oom_kills.get(), 1);
+    }
+
+    #[test]
+    fn unresolvable_cgroup_says_why() {
+        let root = tempfile::tempdir().unwrap();
+        let mut p = pipeline(root.path());
+        p.handle(ProbeEvent::OomVictim(victim(Some(u64::MAX))));
+        p.handle(ProbeEvent::OomVictim(victim(None)));
+        let events = p.outbox.read(0, 10);
+        assert_eq!(events[0].body.cgroup, None);
+        assert!(
+            events[0]
+                .body
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("removed")
+        );
+        assert!(
+            events[1]
+                .body
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("no readable memory cgroup")
+        );
+    }
+}

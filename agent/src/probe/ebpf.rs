@@ -1,0 +1,254 @@
+//! Loading and attaching the eBPF programs, and reading their ring buffer.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+use agent_common::{KernelOffsets, OFFSETS_GLOBAL, ProbeCounter, maps, programs};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, ProgramError, RawTracePoint},
+};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    sync::mpsc,
+    task::JoinHandle,
+};
+use tracing::{debug, info, warn};
+
+use super::{
+    ProbeEvent,
+    btf::{self, BtfError},
+    decode::{self, ClockPair},
+    privilege,
+};
+
+/// The compiled programs, built by build.rs with aya-build.
+static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(
+        "missing capability {missing}: loading the eBPF probe needs CAP_BPF and CAP_PERFMON \
+         (or CAP_SYS_ADMIN); run as root or grant them (e.g. `setcap cap_bpf,cap_perfmon+ep`)"
+    )]
+    Privilege { missing: String },
+    #[error("kernel BTF: {0}")]
+    Btf(#[from] BtfError),
+    #[error(
+        "this kernel's oom/mark_victim tracepoint passes only a pid (Linux < 6.2); not supported by the eBPF source yet"
+    )]
+    MarkVictimWithoutTask,
+    #[error("loading the eBPF object: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("eBPF object: `{name}` {detail}")]
+    Object { name: &'static str, detail: String },
+    #[error("attaching `{program}` (tp_btf: {btf}; raw tracepoint: {source})")]
+    Attach {
+        program: &'static str,
+        btf: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("watching the ring buffer: {0}")]
+    Poll(#[source] io::Error),
+}
+
+/// How the OOM program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachKind {
+    BtfTracePoint,
+    RawTracePoint,
+}
+
+impl AttachKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BtfTracePoint => "tp_btf",
+            Self::RawTracePoint => "raw_tracepoint",
+        }
+    }
+}
+
+/// The loaded, attached probe. Dropping it detaches every program.
+pub struct EbpfProbe {
+    ebpf: Ebpf,
+    attach: AttachKind,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+impl EbpfProbe {
+    /// Checks privileges, resolves offsets from the kernel's BTF, loads the
+    /// programs and attaches them (tp_btf first, raw tracepoint otherwise).
+    pub fn load(btf_path: &Path) -> Result<Self, ProbeError> {
+        let missing = privilege::missing_for_tracing();
+        if !missing.is_empty() {
+            return Err(ProbeError::Privilege {
+                missing: privilege::names(&missing),
+            });
+        }
+        raise_memlock_limit();
+
+        let kernel_btf = btf::load(btf_path)?;
+        if !btf::mark_victim_passes_task(&kernel_btf)? {
+            return Err(ProbeError::MarkVictimWithoutTask);
+        }
+        let offsets: KernelOffsets = btf::kernel_offsets(&kernel_btf)?;
+        debug!(?offsets, "kernel offsets from BTF");
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global(OFFSETS_GLOBAL, &offsets, true)
+            .load(PROGRAMS)
+            .map_err(|e| ProbeError::Load(Box::new(e)))?;
+        let attach = attach_mark_victim(&mut ebpf, btf_path)?;
+        let counters = take_map(&mut ebpf, maps::PROBE_COUNTERS, PerCpuArray::try_from)?;
+        info!(
+            attach = attach.as_str(),
+            "OOM probe attached to mark_victim"
+        );
+        Ok(Self {
+            ebpf,
+            attach,
+            counters,
+        })
+    }
+
+    pub fn attach_kind(&self) -> AttachKind {
+        self.attach
+    }
+
+    /// Starts the task that reads the ring buffer into `tx`. When `tx` is
+    /// full the reader waits, the ring buffer fills, and the kernel counts
+    /// what it cannot store ([`ProbeCounter::RingbufFull`]): the queue is
+    /// bounded at both ends and every loss is counted.
+    pub fn spawn_reader(
+        &mut self,
+        tx: mpsc::Sender<ProbeEvent>,
+    ) -> Result<JoinHandle<()>, ProbeError> {
+        let ring = take_map(&mut self.ebpf, maps::EVENTS, RingBuf::try_from)?;
+        // SAFETY: the RingBuf owns its map fd, which stays open and the same
+        // until the RingBuf (moved into the AsyncFd) is dropped with it.
+        let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| ProbeError::Poll(e.into()))?;
+        let page_size = procfs::page_size();
+        Ok(tokio::spawn(async move {
+            loop {
+                let mut guard = match fd.readable_mut().await {
+                    Ok(guard) => guard,
+                    Err(error) => {
+                        warn!(%error, "ring buffer poll failed; reader stops");
+                        return;
+                    }
+                };
+                let clock = ClockPair::now();
+                loop {
+                    let Some(decoded) = guard
+                        .get_inner_mut()
+                        .next()
+                        .map(|item| decode::oom_victim(&item, page_size, &clock))
+                    else {
+                        break;
+                    };
+                    match decoded {
+                        Ok(victim) => {
+                            if tx.send(ProbeEvent::OomVictim(victim)).await.is_err() {
+                                return; // the pipeline is gone: shutting down
+                            }
+                        }
+                        Err(error) => warn!(%error, "undecodable ring buffer record"),
+                    }
+                }
+                guard.clear_ready();
+            }
+        }))
+    }
+
+    /// The programs' counters, summed over CPUs, in [`ProbeCounter::ALL`] order.
+    pub fn kernel_counters(&self) -> [u64; ProbeCounter::COUNT as usize] {
+        ProbeCounter::ALL.map(|c| {
+            self.counters
+                .get(&(c as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0)
+        })
+    }
+}
+
+fn attach_mark_victim(ebpf: &mut Ebpf, btf_path: &Path) -> Result<AttachKind, ProbeError> {
+    let btf_error = match attach_btf(ebpf, btf_path) {
+        Ok(()) => return Ok(AttachKind::BtfTracePoint),
+        Err(error) => {
+            warn!(%error, "tp_btf on mark_victim refused; trying a raw tracepoint");
+            error.to_string()
+        }
+    };
+    let program: &mut RawTracePoint = program_mut(ebpf, programs::OOM_MARK_VICTIM_RAW)?;
+    program
+        .load()
+        .and_then(|()| program.attach("mark_victim"))
+        .map(|_| AttachKind::RawTracePoint)
+        .map_err(|source| ProbeError::Attach {
+            program: programs::OOM_MARK_VICTIM_RAW,
+            btf: btf_error,
+            source,
+        })
+}
+
+fn attach_btf(ebpf: &mut Ebpf, btf_path: &Path) -> Result<(), anyhow::Error> {
+    let btf = aya::Btf::parse_file(btf_path, aya::Endianness::default())?;
+    let program: &mut BtfTracePoint = program_mut(ebpf, programs::OOM_MARK_VICTIM_BTF)?;
+    program.load("mark_victim", &btf)?;
+    program.attach()?;
+    Ok(())
+}
+
+fn program_mut<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, ProbeError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let program = ebpf.program_mut(name).ok_or(ProbeError::Object {
+        name,
+        detail: "program not in the object".into(),
+    })?;
+    program
+        .try_into()
+        .map_err(|e: ProgramError| ProbeError::Object {
+            name,
+            detail: e.to_string(),
+        })
+}
+
+fn take_map<M>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    convert: impl FnOnce(aya::maps::Map) -> Result<M, aya::maps::MapError>,
+) -> Result<M, ProbeError> {
+    let map = ebpf.take_map(name).ok_or(ProbeError::Object {
+        name,
+        detail: "not in the object".into(),
+    })?;
+    convert(map).map_err(|e| ProbeError::Object {
+        name,
+        detail: e.to_string(),
+    })
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones use
+/// memcg accounting and ignore it.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a valid rlimit struct for a valid resource.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        debug!(error = %io::Error::last_os_error(), "could not raise RLIMIT_MEMLOCK");
+    }
+}
+
+/// The default BTF location, as a path.
+pub fn default_btf_path() -> PathBuf {
+    PathBuf::from(btf::VMLINUX_BTF)
+}

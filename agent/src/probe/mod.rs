@@ -1,0 +1,72 @@
+//! The kernel side, seen from user space: loading and attaching the eBPF
+//! programs, reading their ring buffer, and turning records into
+//! [`ProbeEvent`]s. Everything past the channel of `ProbeEvent`s (the
+//! pipeline, the watchdog, the tests' fakes) never touches the kernel.
+
+pub mod btf;
+pub mod decode;
+pub mod ebpf;
+pub mod privilege;
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+
+/// Which source produces the event stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// eBPF programs in the kernel.
+    Ebpf,
+    /// Polling the cgroup files (no eBPF).
+    Poll,
+}
+
+impl SourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::Poll => "poll",
+        }
+    }
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a source reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProbeEvent {
+    OomVictim(OomVictim),
+}
+
+/// A task the kernel chose to kill for lack of memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OomVictim {
+    /// When the kernel marked the victim.
+    pub time: DateTime<Utc>,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id (the kernel's pid) of the marked task.
+    pub tid: u32,
+    pub comm: String,
+    /// kernfs id of the victim's memory cgroup; `None` when unreadable.
+    pub memcg_id: Option<u64>,
+    pub anon_rss_bytes: u64,
+    pub file_rss_bytes: u64,
+    pub shmem_rss_bytes: u64,
+    pub total_vm_bytes: u64,
+    /// The process whose allocation triggered the OOM.
+    pub trigger_pid: u32,
+}
+
+impl OomVictim {
+    /// Resident memory: anonymous + file + shared memory pages, as the
+    /// kernel's own OOM report counts it.
+    pub fn rss_bytes(&self) -> u64 {
+        self.anon_rss_bytes + self.file_rss_bytes + self.shmem_rss_bytes
+    }
+}

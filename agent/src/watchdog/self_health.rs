@@ -1,0 +1,118 @@
+//! The agent's own health: a watchdog whose eyes are shut must say so
+//! (Dask's and node-problem-detector's `/healthz` always answer ok).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Health, Verdict};
+use crate::probe::SourceKind;
+
+/// How long a kernel-side event loss keeps the agent `degraded`.
+pub const LOSS_MEMORY: Duration = Duration::from_secs(300);
+
+/// What the agent knows about its event source.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeState {
+    /// The source in use, once it runs.
+    pub source: Option<SourceKind>,
+    /// How it is attached (`tp_btf`, `raw_tracepoint`, …), for humans.
+    pub attach: Option<&'static str>,
+    /// Why the source is not running, when it is not.
+    pub failure: Option<String>,
+    /// Kernel records lost because the ring buffer was full, since start.
+    pub ringbuf_drops: u64,
+    /// When the last loss was noticed.
+    pub last_drop: Option<Instant>,
+}
+
+impl ProbeState {
+    pub fn ready(&self) -> bool {
+        self.source.is_some()
+    }
+
+    /// Records the kernel's running total of ring-buffer losses.
+    pub fn observe_ringbuf_drops(&mut self, total: u64, now: Instant) {
+        if total > self.ringbuf_drops {
+            self.ringbuf_drops = total;
+            self.last_drop = Some(now);
+        }
+    }
+}
+
+/// The agent's own verdict at `now`.
+pub fn assess(probe: &ProbeState, now: Instant) -> Verdict {
+    let mut verdict = Verdict::healthy();
+    match (&probe.source, &probe.failure) {
+        (Some(_), _) => {}
+        (None, Some(failure)) => verdict.add(Health::Degraded, format!("probe failed: {failure}")),
+        (None, None) => verdict.add(Health::Degraded, "probe not attached yet"),
+    }
+    if let Some(at) = probe.last_drop
+        && now.duration_since(at) < LOSS_MEMORY
+    {
+        verdict.add(
+            Health::Degraded,
+            format!(
+                "kernel events lost: ring buffer full ({} since start, last {}s ago)",
+                probe.ringbuf_drops,
+                now.duration_since(at).as_secs()
+            ),
+        );
+    }
+    verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running() -> ProbeState {
+        ProbeState {
+            source: Some(SourceKind::Ebpf),
+            attach: Some("tp_btf"),
+            ..ProbeState::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_attached_is_degraded_with_reason() {
+        let v = assess(&ProbeState::default(), Instant::now());
+        assert_eq!(v.status, Health::Degraded);
+        assert_eq!(v.reasons, ["probe not attached yet"]);
+        let failed = ProbeState {
+            failure: Some("missing capability CAP_BPF".into()),
+            ..ProbeState::default()
+        };
+        assert_eq!(
+            assess(&failed, Instant::now()).reasons,
+            ["probe failed: missing capability CAP_BPF"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attached_probe_is_healthy() {
+        assert_eq!(assess(&running(), Instant::now()), Verdict::healthy());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ring_buffer_loss_degrades_for_a_while_then_clears() {
+        let mut probe = running();
+        probe.observe_ringbuf_drops(0, Instant::now());
+        assert_eq!(assess(&probe, Instant::now()).status, Health::Healthy);
+
+        probe.observe_ringbuf_drops(3, Instant::now());
+        let v = assess(&probe, Instant::now());
+        assert_eq!(v.status, Health::Degraded);
+        assert!(v.reasons[0].contains("3 since start"), "{:?}", v.reasons);
+
+        tokio::time::advance(LOSS_MEMORY - Duration::from_secs(1)).await;
+        assert_eq!(assess(&probe, Instant::now()).status, Health::Degraded);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(assess(&probe, Instant::now()).status, Health::Healthy);
+
+        // The same total again is no new loss.
+        probe.observe_ringbuf_drops(3, Instant::now());
+        assert_eq!(assess(&probe, Instant::now()).status, Health::Healthy);
+    }
+}

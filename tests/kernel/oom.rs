@@ -1,0 +1,158 @@
+//! Kernel tests of the OOM path: a real OOM kill in a real memory cgroup,
+//! reported by the real agent over HTTP. Root only; never skipped in CI.
+
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use memwatch::event::{Event, EventKind};
+use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, workspace_bin};
+
+const MIB: u64 = 1 << 20;
+
+/// Polls `/v1/events` until `pred` matches an event; returns it with the
+/// wall-clock time it was first seen. Bounded by `timeout`.
+async fn wait_for_event(
+    agent: &Agent,
+    timeout: Duration,
+    pred: impl Fn(&Event) -> bool,
+) -> Option<(Event, chrono::DateTime<chrono::Utc>)> {
+    let deadline = Instant::now() + timeout;
+    let mut after = 0;
+    while Instant::now() < deadline {
+        for event in agent.events(after).await {
+            after = event.seq;
+            if pred(&event) {
+                return Some((event, chrono::Utc::now()));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup() {
+    if !kernel_tests_enabled("oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup") {
+        return;
+    }
+    let mut agent = Agent::start(&[]).await;
+    let cgroup = TestCgroup::create("oom");
+    cgroup.limit(64 * MIB);
+
+    let memhog = workspace_bin("memhog");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(cgroup.exec_line(&format!("{} 200 30", memhog.display())))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn memhog");
+    let pid = child.id();
+
+    let seen = wait_for_event(&agent, Duration::from_secs(30), |e| {
+        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
+    })
+    .await;
+    let status = child.wait().expect("wait memhog");
+    let exited = chrono::Utc::now();
+    let Some((event, seen_at)) = seen else {
+        panic!(
+            "no oom_kill event for pid {pid} (memhog exit: {status}); agent log:\n{}",
+            agent.log_text()
+        );
+    };
+
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "memhog must die of the OOM killer: {status}"
+    );
+    assert_eq!(event.body.comm.as_deref(), Some("memhog"));
+    assert_eq!(
+        event.body.cgroup.as_deref(),
+        Some(cgroup.path().to_str().unwrap())
+    );
+    assert_eq!(event.host, "test-node");
+    let rss = event.body.rss_bytes.expect("rss_bytes");
+    assert!(
+        (32 * MIB..=80 * MIB).contains(&rss),
+        "victim RSS {} MiB should be near the 64 MiB limit",
+        rss / MIB
+    );
+    let delay = (seen_at - event.time).to_std().unwrap_or_default();
+    eprintln!(
+        "OOM kill → event visible on /v1/events: {:.1} ms (kernel time {}, seen {}, exit seen {})",
+        delay.as_secs_f64() * 1e3,
+        event.time,
+        seen_at,
+        exited
+    );
+    assert!(
+        delay < Duration::from_secs(1),
+        "event took {delay:?} to appear"
+    );
+
+    let (_, metrics) = agent.get("/metrics").await;
+    let kills: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("memwatch_oom_kills_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("memwatch_oom_kills_total in /metrics");
+    assert!(kills >= 1.0, "{metrics}");
+
+    // `memwatch events` prints the same event as one JSON line.
+    let out = Command::new(workspace_bin("memwatch"))
+        .args(["events", "--agent", &agent.base_url])
+        .output()
+        .expect("memwatch events");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<Event> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert!(printed.iter().any(|e| e.id == event.id), "{printed:?}");
+    assert_eq!(printed[0].body.kind, EventKind::AgentStarted);
+
+    assert_eq!(
+        agent.stop(),
+        Some(0),
+        "clean exit on SIGTERM; log:\n{}",
+        agent.log_text()
+    );
+}
+
+#[tokio::test]
+async fn without_bpf_capabilities_run_names_the_missing_capability() {
+    if !kernel_tests_enabled("without_bpf_capabilities_run_names_the_missing_capability") {
+        return;
+    }
+    // As an unprivileged user with no capabilities at all.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ])
+        .arg(workspace_bin("memwatch"))
+        .args(["run", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("setpriv (util-linux)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "must fail without privileges: {stderr}"
+    );
+    assert!(
+        stderr.contains("missing capability CAP_BPF, CAP_PERFMON"),
+        "error must name the capabilities: {stderr}"
+    );
+}

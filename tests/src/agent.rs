@@ -1,0 +1,152 @@
+//! A real `memwatch run` process on a free loopback port.
+
+use std::{
+    fs,
+    net::TcpListener,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use memwatch::event::Event;
+
+use crate::workspace_bin;
+
+/// How long the agent may take to attach its probe.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long it may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Agent {
+    child: Option<Child>,
+    pub base_url: String,
+    log: PathBuf,
+    client: reqwest::Client,
+}
+
+impl Agent {
+    /// Starts the agent with `extra` flags and waits until `/ready` says 200.
+    pub async fn start(extra: &[&str]) -> Agent {
+        let port = free_port();
+        let log =
+            std::env::temp_dir().join(format!("memwatch-test-{}-{port}.log", std::process::id()));
+        let child = Command::new(workspace_bin("memwatch"))
+            .args([
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--node-name",
+                "test-node",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "memwatch=debug,info")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).expect("agent log file"))
+            .spawn()
+            .expect("spawn memwatch run");
+        let mut agent = Agent {
+            child: Some(child),
+            base_url: format!("http://127.0.0.1:{port}"),
+            log,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("http client"),
+        };
+        agent.wait_ready().await;
+        agent
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "memwatch run exited early ({status}); log:\n{}",
+                    self.log_text()
+                );
+            }
+            if let Ok(r) = self
+                .client
+                .get(format!("{}/ready", self.base_url))
+                .send()
+                .await
+                && r.status().as_u16() == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent not ready after {READY_TIMEOUT:?}; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base_url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        (r.status().as_u16(), r.text().await.expect("body"))
+    }
+
+    pub async fn events(&self, after: u64) -> Vec<Event> {
+        let (code, body) = self
+            .get(&format!("/v1/events?after={after}&limit=1000"))
+            .await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("events JSON: {e}: {body}"))
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for a clean exit; returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait agent") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "agent ignored SIGTERM for {STOP_TIMEOUT:?}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = fs::remove_file(&self.log);
+    }
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}

@@ -1,0 +1,57 @@
+//! `cargo xtask <task>`: everything a developer or CI runs, in one place.
+//!
+//! - `setup`: installs what the eBPF build needs and is missing (idempotent).
+//! - `run`:   setup, build, and run the agent on this host.
+//! - `test`:  setup, format and lint checks, build, and every test.
+
+mod setup;
+mod shell;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install nightly rust-src, LLVM 22 and bpf-linker where missing.
+    Setup,
+    /// Set up, build (release) and run `memwatch run` on this host (as root).
+    Run {
+        /// Arguments for `memwatch run`, after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Set up, check formatting and lints, build, and run every test.
+    Test {
+        /// Skip `cargo fmt --check` and clippy.
+        #[arg(long)]
+        no_lint: bool,
+        /// Extra arguments for `cargo test` (a filter, `--nocapture`, …), after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::ensure(),
+        Task::Run { args } => {
+            setup::ensure()?;
+            shell::cargo(&["build", "--release", "--locked", "-p", "memwatch"])?;
+            let bin = shell::workspace_root().join("target/release/memwatch");
+            let mut run_args = vec!["run".to_string()];
+            run_args.extend(args);
+            shell::exec(&bin, &run_args)
+        }
+        Task::Test { no_lint, args } => {
+            setup::ensure()?;
+            test::run(!no_lint, &args)
+        }
+    }
+}
