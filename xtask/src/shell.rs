@@ -67,14 +67,6 @@ pub fn cargo<S: AsRef<OsStr>>(args: &[S]) -> anyhow::Result<()> {
     run(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()), args)
 }
 
-/// Whether a command runs and exits 0 (output discarded).
-pub fn succeeds<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> bool {
-    Command::new(program)
-        .args(args)
-        .output()
-        .is_ok_and(|out| out.status.success())
-}
-
 /// A command's stdout, or `None` when it cannot run or fails.
 pub fn output<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;

@@ -143,14 +143,12 @@ impl EbpfProbe {
                     }
                 };
                 let clock = ClockPair::now();
-                loop {
-                    let Some(decoded) = guard
-                        .get_inner_mut()
-                        .next()
-                        .map(|item| decode::oom_victim(&item, page_size, &clock))
-                    else {
-                        break;
-                    };
+                // The record borrows the ring: decode it (a copy) before awaiting.
+                while let Some(decoded) = guard
+                    .get_inner_mut()
+                    .next()
+                    .map(|item| decode::oom_victim(&item, page_size, &clock))
+                {
                     match decoded {
                         Ok(victim) => {
                             if tx.send(ProbeEvent::OomVictim(victim)).await.is_err() {

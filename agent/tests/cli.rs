@@ -1,0 +1,69 @@
+//! The binary's behaviour on bad input: no privilege needed.
+
+use std::{
+    fs,
+    net::TcpListener,
+    process::{Command, Output},
+};
+
+fn memwatch(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memwatch"))
+        .args(args)
+        .output()
+        .expect("run memwatch")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn invalid_flag_value_exits_2_naming_the_flag() {
+    let out = memwatch(&["run", "--listen", "nowhere"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--listen"), "{}", stderr(&out));
+}
+
+#[test]
+fn unknown_command_exits_2() {
+    let out = memwatch(&["launch"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unrecognized subcommand 'launch'"), "{}", stderr(&out));
+}
+
+#[test]
+fn invalid_config_exits_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memwatch.toml");
+
+    fs::write(&path, "listen = \"127.0.0.1:9750\"\nlisten_port = 1\n").unwrap();
+    let out = memwatch(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown field `listen_port`"), "{}", stderr(&out));
+
+    fs::write(&path, "outbox_capacity = 0\n").unwrap();
+    let out = memwatch(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("`outbox_capacity` must be at least 1"), "{}", stderr(&out));
+}
+
+#[test]
+fn events_without_an_agent_says_so() {
+    // A port that nothing listens on any more.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = memwatch(&["events", "--agent", &format!("http://127.0.0.1:{port}")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("cannot reach the agent"), "{}", stderr(&out));
+}
+
+#[test]
+fn version_and_help_work() {
+    let out = memwatch(&["--version"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("memwatch "));
+    let out = memwatch(&["run", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--config", "--listen", "--node-name"] {
+        assert!(help.contains(flag), "{flag} in {help}");
+    }
+}
