@@ -103,6 +103,9 @@ pub struct EventBody {
     pub limit_cgroup: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `soft_cap_exceeded`: how fast memory grew just before the crossing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth_bytes_per_sec: Option<i64>,
     /// OOM kills: the breakdown behind `rss_bytes` and the process that
     /// triggered the kill.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -138,6 +141,7 @@ impl EventBody {
             constraint: None,
             limit_cgroup: None,
             reason: None,
+            growth_bytes_per_sec: None,
             oom: None,
         }
     }

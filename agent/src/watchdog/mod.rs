@@ -1,6 +1,10 @@
 //! Pure policy: facts and a clock in, verdicts out. No I/O here.
 
+pub mod policy;
 pub mod self_health;
+pub mod spec;
+pub mod task;
+pub mod worker;
 
 use serde::{Deserialize, Serialize};
 

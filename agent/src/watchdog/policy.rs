@@ -1,0 +1,454 @@
+//! The watchdog: workers, their tasks, and every check that turns memory
+//! figures into health and events. Pure: figures and a clock in, decisions
+//! and event bodies out; the caller reads memory and stores events.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    path::Path,
+};
+
+use tokio::time::Instant;
+
+use super::{
+    Health,
+    spec::{MemorySource, OnResidualOverCap, Settings, TaskOutcome, TaskRequest, WorkerSpec},
+    task::{TaskState, TaskView},
+    worker::{Transition, WorkerState, WorkerView, bytes},
+};
+use crate::event::{EventBody, EventKind};
+
+/// Name of the implicit worker when none is configured: the whole host.
+pub const HOST_WORKER: &str = "host";
+
+/// Memory figures the caller read, by worker name and by task id. A missing
+/// entry means "could not be read" and skips that check.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    pub workers: HashMap<String, u64>,
+    pub tasks: HashMap<String, u64>,
+}
+
+/// The answer to a task registration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Accepted,
+    /// Accepted, but the worker is unhealthy (policy `flag`).
+    Flagged {
+        reason: String,
+    },
+    /// Not accepted: place the task elsewhere.
+    Rejected {
+        reason: String,
+    },
+}
+
+#[derive(Debug)]
+pub struct Registration {
+    pub admission: Admission,
+    pub worker: String,
+    pub events: Vec<EventBody>,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WatchdogError {
+    #[error("unknown worker `{0}`")]
+    UnknownWorker(String),
+    #[error("no worker named: several are configured ({0}); say which")]
+    WorkerRequired(String),
+    #[error("unknown task `{0}`")]
+    UnknownTask(String),
+}
+
+pub struct Watchdog {
+    settings: Settings,
+    workers: BTreeMap<String, WorkerState>,
+    tasks: BTreeMap<String, TaskState>,
+    /// Recently finished tasks, newest last, bounded.
+    finished: VecDeque<TaskView>,
+}
+
+impl Watchdog {
+    /// With no workers configured, the whole host is one worker without a cap.
+    pub fn new(workers: Vec<WorkerSpec>, settings: Settings) -> Self {
+        let workers = if workers.is_empty() {
+            vec![WorkerSpec {
+                name: HOST_WORKER.into(),
+                source: MemorySource::Host,
+                soft_cap: None,
+                unhealthy_after: std::time::Duration::from_secs(60),
+                recover_after: std::time::Duration::from_secs(30),
+            }]
+        } else {
+            workers
+        };
+        Self {
+            settings,
+            workers: workers
+                .into_iter()
+                .map(|spec| (spec.name.clone(), WorkerState::new(spec)))
+                .collect(),
+            tasks: BTreeMap::new(),
+            finished: VecDeque::new(),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The worker a request names, or the only one there is.
+    pub fn resolve_worker(&self, requested: Option<&str>) -> Result<String, WatchdogError> {
+        match requested {
+            Some(name) if self.workers.contains_key(name) => Ok(name.to_string()),
+            Some(name) => Err(WatchdogError::UnknownWorker(name.into())),
+            None if self.workers.len() == 1 => {
+                Ok(self.workers.keys().next().cloned().unwrap_or_default())
+            }
+            None => Err(WatchdogError::WorkerRequired(
+                self.workers.keys().cloned().collect::<Vec<_>>().join(", "),
+            )),
+        }
+    }
+
+    /// What to read for a sample: every worker and every running task with a source.
+    pub fn sources(&self) -> (Vec<(String, MemorySource)>, Vec<(String, MemorySource)>) {
+        let workers = self
+            .workers
+            .values()
+            .map(|w| (w.spec.name.clone(), w.spec.source.clone()))
+            .collect();
+        let tasks = self
+            .tasks
+            .values()
+            .filter_map(|t| t.source.clone().map(|s| (t.id.clone(), s)))
+            .collect();
+        (workers, tasks)
+    }
+
+    /// Registers a task. `sample` must hold the worker's memory and its
+    /// running tasks' (including the new task's, when it has a source).
+    pub fn register(
+        &mut self,
+        req: TaskRequest,
+        sample: &Sample,
+        now: Instant,
+    ) -> Result<Registration, WatchdogError> {
+        let worker_name = self.resolve_worker(req.worker.as_deref())?;
+        if let Some(existing) = self.tasks.get(&req.task_id) {
+            // A retried registration: same answer, nothing new.
+            return Ok(Registration {
+                admission: match &existing.flagged {
+                    Some(reason) => Admission::Flagged {
+                        reason: reason.clone(),
+                    },
+                    None => Admission::Accepted,
+                },
+                worker: existing.worker.clone(),
+                events: Vec::new(),
+            });
+        }
+        let mut events = Vec::new();
+        let residual = self.residual(&worker_name, sample, Some(&req.task_id));
+        let worker = self.workers.get_mut(&worker_name).expect("resolved above");
+        if let (Some(memory), Some(residual)) = (sample.workers.get(&worker_name), residual)
+            && let Some(Transition::Unhealthy(cause)) = worker.check_residual(*memory, residual)
+        {
+            events.push(worker_unhealthy(
+                &worker_name,
+                &cause.reason(),
+                Some(*memory),
+                worker.spec.soft_cap,
+            ));
+        }
+        let refusal = (worker.health() == Health::Unhealthy).then(|| {
+            format!(
+                "worker {worker_name} is unhealthy: {}",
+                worker.cause().map(|c| c.reason()).unwrap_or_default()
+            )
+        });
+        let soft_cap = req.soft_cap;
+        let mut body = task_body(
+            EventKind::TaskStarted,
+            &req.task_id,
+            &worker_name,
+            req.source.as_ref(),
+        );
+        body.soft_cap_bytes = soft_cap;
+        let admission = match (refusal, self.settings.on_residual_over_cap) {
+            (None, _) => Admission::Accepted,
+            (Some(reason), OnResidualOverCap::Flag) => Admission::Flagged { reason },
+            (Some(reason), OnResidualOverCap::Reject) => {
+                body.kind = EventKind::TaskRejected;
+                body.reason = Some(reason.clone());
+                events.push(body);
+                return Ok(Registration {
+                    admission: Admission::Rejected { reason },
+                    worker: worker_name,
+                    events,
+                });
+            }
+        };
+        let mut task = TaskState::new(
+            req.task_id.clone(),
+            worker_name.clone(),
+            req.source,
+            soft_cap,
+            now,
+        );
+        if let Admission::Flagged { reason } = &admission {
+            task.flagged = Some(reason.clone());
+            body.reason = Some(format!("flagged: {reason}"));
+        }
+        if let Some(&memory) = sample.tasks.get(&req.task_id) {
+            task.observe(memory, now, &self.settings);
+        }
+        self.tasks.insert(req.task_id, task);
+        events.push(body);
+        Ok(Registration {
+            admission,
+            worker: worker_name,
+            events,
+        })
+    }
+
+    /// Ends a task. Ending one that already ended is not an error: the
+    /// answer is its final state, and no new event.
+    pub fn finish(
+        &mut self,
+        task_id: &str,
+        outcome: TaskOutcome,
+        now: Instant,
+    ) -> Result<(TaskView, Vec<EventBody>), WatchdogError> {
+        let Some(task) = self.tasks.remove(task_id) else {
+            return self
+                .finished
+                .iter()
+                .rev()
+                .find(|t| t.task_id == task_id)
+                .map(|view| (view.clone(), Vec::new()))
+                .ok_or_else(|| WatchdogError::UnknownTask(task_id.into()));
+        };
+        let mut body = task_body(
+            EventKind::TaskFinished,
+            &task.id,
+            &task.worker,
+            task.source.as_ref(),
+        );
+        body.reason = Some(outcome.describe());
+        body.rss_bytes = task.memory();
+        body.soft_cap_bytes = task.soft_cap;
+        let view = task.view(now, &self.settings, Some(outcome));
+        if self.finished.len() >= self.settings.finished_tasks_kept.max(1) {
+            self.finished.pop_front();
+        }
+        self.finished.push_back(view.clone());
+        Ok((view, vec![body]))
+    }
+
+    /// A periodic sample: soft-cap crossings, stuck-high workers, recovery.
+    pub fn observe(&mut self, sample: &Sample, now: Instant) -> Vec<EventBody> {
+        let mut events = Vec::new();
+        for task in self.tasks.values_mut() {
+            let Some(&memory) = sample.tasks.get(&task.id) else {
+                continue;
+            };
+            if let Some(crossing) = task.observe(memory, now, &self.settings) {
+                let mut body = task_body(
+                    EventKind::SoftCapExceeded,
+                    &task.id,
+                    &task.worker,
+                    task.source.as_ref(),
+                );
+                body.rss_bytes = Some(crossing.memory);
+                body.soft_cap_bytes = Some(crossing.cap);
+                body.growth_bytes_per_sec = Some(crossing.growth_rate);
+                body.reason = Some(format!(
+                    "task memory {} over its soft cap {}",
+                    bytes(crossing.memory),
+                    bytes(crossing.cap)
+                ));
+                events.push(body);
+            }
+        }
+        let names: Vec<String> = self.workers.keys().cloned().collect();
+        for name in names {
+            let Some(&memory) = sample.workers.get(&name) else {
+                continue;
+            };
+            let residual = self.residual(&name, sample, None).unwrap_or(memory);
+            let growing = self
+                .tasks
+                .values()
+                .any(|t| t.worker == name && t.growing(&self.settings));
+            let worker = self.workers.get_mut(&name).expect("known worker");
+            let cap = worker.spec.soft_cap;
+            for transition in worker.observe(memory, residual, growing, now, &self.settings) {
+                events.push(match transition {
+                    Transition::Unhealthy(cause) => {
+                        worker_unhealthy(&name, &cause.reason(), Some(memory), cap)
+                    }
+                    Transition::Recovered { reason } => {
+                        worker_recovered(&name, &reason, Some(memory), cap)
+                    }
+                    Transition::CapExceeded { memory, cap } => {
+                        let mut body = EventBody::new(EventKind::SoftCapExceeded);
+                        body.worker = Some(name.clone());
+                        body.cgroup = worker.spec.source.cgroup().map(|p| p.display().to_string());
+                        body.rss_bytes = Some(memory);
+                        body.soft_cap_bytes = Some(cap);
+                        body.reason = Some(format!(
+                            "worker memory {} over its soft cap {}",
+                            bytes(memory),
+                            bytes(cap)
+                        ));
+                        body
+                    }
+                });
+            }
+        }
+        events
+    }
+
+    /// Names the task and worker of an OOM victim (by its memory cgroup, or
+    /// its pid); the task ends as OOM-killed.
+    pub fn attribute_oom(
+        &mut self,
+        cgroup: Option<&Path>,
+        pid: u32,
+        now: Instant,
+    ) -> (Option<String>, Option<String>, Vec<EventBody>) {
+        let in_cgroup = |source: &MemorySource| match (source, cgroup) {
+            (MemorySource::Cgroup(dir), Some(victim)) => victim.starts_with(dir),
+            (MemorySource::Pid(p), _) => *p == pid,
+            _ => false,
+        };
+        let task = self
+            .tasks
+            .values()
+            .filter(|t| t.source.as_ref().is_some_and(in_cgroup))
+            // The innermost cgroup wins when tasks nest.
+            .max_by_key(|t| {
+                t.source
+                    .as_ref()
+                    .and_then(|s| s.cgroup())
+                    .map_or(0, |p| p.as_os_str().len())
+            })
+            .map(|t| (t.id.clone(), t.worker.clone()));
+        if let Some((task_id, worker)) = task {
+            let events = self
+                .finish(&task_id, TaskOutcome::OomKilled, now)
+                .map(|(_, events)| events)
+                .unwrap_or_default();
+            return (Some(task_id), Some(worker), events);
+        }
+        let worker = self
+            .workers
+            .values()
+            .find(|w| in_cgroup(&w.spec.source))
+            .map(|w| w.spec.name.clone());
+        (None, worker, Vec::new())
+    }
+
+    /// An operator clears a worker.
+    pub fn reset(&mut self, worker: &str) -> Result<Vec<EventBody>, WatchdogError> {
+        let state = self
+            .workers
+            .get_mut(worker)
+            .ok_or_else(|| WatchdogError::UnknownWorker(worker.into()))?;
+        let memory = state.memory();
+        Ok(match state.reset() {
+            Some(Transition::Recovered { reason }) => {
+                vec![worker_recovered(
+                    worker,
+                    &reason,
+                    memory,
+                    state.spec.soft_cap,
+                )]
+            }
+            _ => Vec::new(),
+        })
+    }
+
+    pub fn workers(&self) -> Vec<WorkerView> {
+        self.workers
+            .values()
+            .map(|w| {
+                w.view(
+                    self.tasks
+                        .values()
+                        .filter(|t| t.worker == w.spec.name)
+                        .count(),
+                )
+            })
+            .collect()
+    }
+
+    pub fn tasks(&self, now: Instant) -> Vec<TaskView> {
+        self.tasks
+            .values()
+            .map(|t| t.view(now, &self.settings, None))
+            .collect()
+    }
+
+    pub fn finished_tasks(&self) -> impl Iterator<Item = &TaskView> {
+        self.finished.iter()
+    }
+
+    /// Worker memory minus its running tasks' (and `also`'s), floored at 0.
+    fn residual(&self, worker: &str, sample: &Sample, also: Option<&str>) -> Option<u64> {
+        let memory = *sample.workers.get(worker)?;
+        let tasks: u64 = self
+            .tasks
+            .values()
+            .filter(|t| t.worker == worker && Some(t.id.as_str()) != also)
+            .filter_map(|t| sample.tasks.get(&t.id))
+            .chain(also.and_then(|id| sample.tasks.get(id)))
+            .sum();
+        Some(memory.saturating_sub(tasks))
+    }
+}
+
+fn task_body(
+    kind: EventKind,
+    task_id: &str,
+    worker: &str,
+    source: Option<&MemorySource>,
+) -> EventBody {
+    let mut body = EventBody::new(kind);
+    body.task_id = Some(task_id.into());
+    body.worker = Some(worker.into());
+    match source {
+        Some(MemorySource::Cgroup(path)) => body.cgroup = Some(path.display().to_string()),
+        Some(MemorySource::Pid(pid)) => body.pid = Some(*pid),
+        _ => {}
+    }
+    body
+}
+
+fn worker_unhealthy(
+    worker: &str,
+    reason: &str,
+    memory: Option<u64>,
+    cap: Option<u64>,
+) -> EventBody {
+    let mut body = EventBody::new(EventKind::WorkerUnhealthy);
+    body.worker = Some(worker.into());
+    body.reason = Some(reason.into());
+    body.rss_bytes = memory;
+    body.soft_cap_bytes = cap;
+    body
+}
+
+fn worker_recovered(
+    worker: &str,
+    reason: &str,
+    memory: Option<u64>,
+    cap: Option<u64>,
+) -> EventBody {
+    let mut body = worker_unhealthy(worker, reason, memory, cap);
+    body.kind = EventKind::WorkerRecovered;
+    body
+}
+
+#[cfg(test)]
+mod tests;

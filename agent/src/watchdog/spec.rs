@@ -1,0 +1,122 @@
+//! What the watchdog watches: workers and tasks, as configured or registered.
+
+use std::{path::PathBuf, time::Duration};
+
+use serde::Serialize;
+
+/// Where a worker's or a task's memory is read from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemorySource {
+    /// A memory cgroup directory: its usage minus inactive file cache.
+    Cgroup(PathBuf),
+    /// A process and its descendants: their resident memory.
+    Pid(u32),
+    /// Every process whose command line contains this text, with descendants.
+    Process(String),
+    /// The whole host: MemTotal − MemAvailable.
+    Host,
+}
+
+impl MemorySource {
+    pub fn cgroup(&self) -> Option<&std::path::Path> {
+        match self {
+            Self::Cgroup(path) => Some(path),
+            _ => None,
+        }
+    }
+}
+
+/// A worker: something that runs tasks for a scheduler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSpec {
+    pub name: String,
+    pub source: MemorySource,
+    /// Over this, the worker is over budget; `None`: no cap, never unhealthy
+    /// for memory (still reported).
+    pub soft_cap: Option<u64>,
+    /// Above the soft cap this long, with no task growing → `unhealthy`.
+    pub unhealthy_after: Duration,
+    /// Below the soft cap this long → back to `healthy`.
+    pub recover_after: Duration,
+}
+
+/// What to do with a task that starts on a worker already over its cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnResidualOverCap {
+    /// Answer 409 and do not track the task (the scheduler places it elsewhere).
+    #[default]
+    Reject,
+    /// Accept it, flagged, and still mark the worker unhealthy.
+    Flag,
+}
+
+/// Knobs shared by every worker and task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// A task is "growing" when its memory rose by more than `growth_min_bytes`
+    /// over the last `growth_window`.
+    pub growth_window: Duration,
+    pub growth_min_bytes: u64,
+    /// Fraction of the soft cap below it that counts as "clearly below":
+    /// re-arms `soft_cap_exceeded` and is needed for recovery.
+    pub hysteresis: f64,
+    pub on_residual_over_cap: OnResidualOverCap,
+    /// Finished tasks remembered for `/v1/status` and idempotent DELETEs.
+    pub finished_tasks_kept: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            // Ten seconds of samples: long enough to ride over a pause in an
+            // allocation loop, short enough that a finished spike stops
+            // excusing a worker quickly.
+            growth_window: Duration::from_secs(10),
+            // A MiB over the window: below this is noise (page cache, stacks).
+            growth_min_bytes: 1 << 20,
+            // 5 %: a worker flapping around its cap neither re-fires events
+            // nor recovers until it is clearly below.
+            hysteresis: 0.05,
+            on_residual_over_cap: OnResidualOverCap::Reject,
+            finished_tasks_kept: 1000,
+        }
+    }
+}
+
+/// A task registration (`POST /v1/tasks`, `memwatch exec`, a cgroup rule).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRequest {
+    pub task_id: String,
+    /// `None`: the default worker.
+    pub worker: Option<String>,
+    /// `None`: known only by id (its memory counts as the worker's).
+    pub source: Option<MemorySource>,
+    pub soft_cap: Option<u64>,
+}
+
+/// How a task ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum TaskOutcome {
+    /// The client said it ended (DELETE), with the exit status when known.
+    Ended { exit_code: Option<i32> },
+    /// A process of the task was OOM-killed.
+    OomKilled,
+    /// Its cgroup disappeared (rule-discovered tasks).
+    CgroupRemoved,
+}
+
+impl TaskOutcome {
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Ended {
+                exit_code: Some(code),
+            } => format!("ended with exit status {code}"),
+            Self::Ended { exit_code: None } => "ended".into(),
+            Self::OomKilled => "OOM-killed".into(),
+            Self::CgroupRemoved => "cgroup removed".into(),
+        }
+    }
+}
