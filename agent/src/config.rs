@@ -6,17 +6,27 @@ use std::{
     fs,
     net::SocketAddr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use serde::Deserialize;
 
-use crate::shipper::outbox;
+use crate::{
+    shipper::outbox,
+    units::{Size, Span},
+    watchdog::spec::{MemorySource, OnResidualOverCap, Settings, WorkerSpec},
+};
 
 /// Default API address: loopback only, so nothing is exposed by accident.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
 
+/// Default time a worker may stay above its soft cap with no task growing.
+pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(60);
+/// Default time below the cap before an unhealthy worker is healthy again.
+pub const DEFAULT_RECOVER_AFTER: Duration = Duration::from_secs(30);
+
 /// The agent's settings after every source is merged.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// Address of the HTTP API (`/health`, `/metrics`, `/v1/...`).
     pub listen: SocketAddr,
@@ -28,6 +38,24 @@ pub struct Config {
     pub btf_path: PathBuf,
     /// `tracing` filter used when RUST_LOG is unset.
     pub log_level: String,
+    /// How often worker and task memory is read.
+    pub sample_interval: Duration,
+    /// Bearer token required on mutating routes, when set.
+    pub api_token: Option<String>,
+    /// Watchdog knobs shared by every worker.
+    pub watchdog: Settings,
+    /// Configured workers; none means the whole host is one worker.
+    pub workers: Vec<WorkerSpec>,
+    /// Cgroups that become tasks of a worker as they appear.
+    pub rules: Vec<Rule>,
+}
+
+/// Every cgroup whose path matches `pattern` is a task of `worker`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    pub worker: String,
+    pub pattern: glob::Pattern,
+    pub soft_cap: Option<u64>,
 }
 
 impl Default for Config {
@@ -38,6 +66,13 @@ impl Default for Config {
             outbox_capacity: outbox::DEFAULT_CAPACITY,
             btf_path: PathBuf::from(crate::probe::btf::VMLINUX_BTF),
             log_level: "info".into(),
+            // A second: ten times faster than kubelet's eviction loop, cheap
+            // (a few file reads per worker and task).
+            sample_interval: Duration::from_secs(1),
+            api_token: None,
+            watchdog: Settings::default(),
+            workers: Vec::new(),
+            rules: Vec::new(),
         }
     }
 }
@@ -51,6 +86,40 @@ pub struct FileConfig {
     pub outbox_capacity: Option<usize>,
     pub btf_path: Option<PathBuf>,
     pub log_level: Option<String>,
+    pub sample_interval: Option<Span>,
+    pub api_token: Option<String>,
+    pub api_token_file: Option<PathBuf>,
+    pub on_residual_over_cap: Option<OnResidualOverCap>,
+    pub growth_window: Option<Span>,
+    pub growth_min: Option<Size>,
+    #[serde(default)]
+    pub worker: Vec<WorkerConfig>,
+    #[serde(default)]
+    pub rule: Vec<RuleConfig>,
+}
+
+/// `[[worker]]`: exactly one of `cgroup`, `pid`, `process`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub name: String,
+    pub cgroup: Option<PathBuf>,
+    pub pid: Option<u32>,
+    pub process: Option<String>,
+    /// Without one, the cgroup's own (`memory.high`, v1
+    /// `memory.soft_limit_in_bytes`) is used when set.
+    pub soft_cap: Option<Size>,
+    pub unhealthy_after: Option<Span>,
+    pub recover_after: Option<Span>,
+}
+
+/// `[[rule]]`: cgroups matching a glob become tasks of a worker.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub worker: String,
+    pub cgroup: String,
+    pub soft_cap: Option<Size>,
 }
 
 /// Values given on the command line; they win over the file.
@@ -82,7 +151,7 @@ impl Config {
             None => FileConfig::default(),
         };
         let mut config = Config::default();
-        config.apply(from_file);
+        config.apply(from_file)?;
         if let Some(listen) = overrides.listen {
             config.listen = listen;
         }
@@ -93,29 +162,73 @@ impl Config {
         Ok(config)
     }
 
-    fn apply(&mut self, file: FileConfig) {
+    fn apply(&mut self, file: FileConfig) -> Result<(), ConfigError> {
         let FileConfig {
             listen,
             node_name,
             outbox_capacity,
             btf_path,
             log_level,
+            sample_interval,
+            api_token,
+            api_token_file,
+            on_residual_over_cap,
+            growth_window,
+            growth_min,
+            worker,
+            rule,
         } = file;
-        if let Some(v) = listen {
-            self.listen = v;
-        }
-        if let Some(v) = node_name {
-            self.node_name = v;
-        }
-        if let Some(v) = outbox_capacity {
-            self.outbox_capacity = v;
-        }
-        if let Some(v) = btf_path {
-            self.btf_path = v;
-        }
-        if let Some(v) = log_level {
-            self.log_level = v;
-        }
+        set(&mut self.listen, listen);
+        set(&mut self.node_name, node_name);
+        set(&mut self.outbox_capacity, outbox_capacity);
+        set(&mut self.btf_path, btf_path);
+        set(&mut self.log_level, log_level);
+        set(&mut self.sample_interval, sample_interval.map(|s| s.0));
+        set(
+            &mut self.watchdog.on_residual_over_cap,
+            on_residual_over_cap,
+        );
+        set(&mut self.watchdog.growth_window, growth_window.map(|s| s.0));
+        set(&mut self.watchdog.growth_min_bytes, growth_min.map(|s| s.0));
+        self.api_token = match (api_token, api_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "api_token",
+                    "and `api_token_file` are both set; keep one",
+                ));
+            }
+            (Some(token), None) => Some(token),
+            (None, Some(path)) => Some(
+                fs::read_to_string(&path)
+                    .map_err(|e| {
+                        invalid(
+                            "api_token_file",
+                            format!("cannot be read ({}): {e}", path.display()),
+                        )
+                    })?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        self.workers = worker
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| worker_spec(i, w))
+            .collect::<Result<_, _>>()?;
+        self.rules = rule
+            .into_iter()
+            .map(|r| {
+                Ok(Rule {
+                    pattern: glob::Pattern::new(&r.cgroup).map_err(|e| {
+                        invalid("rule.cgroup", format!("`{}` is not a glob: {e}", r.cgroup))
+                    })?,
+                    worker: r.worker,
+                    soft_cap: r.soft_cap.map(|s| s.0),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -127,6 +240,29 @@ impl Config {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             return Err(invalid("log_level", format!("is not a valid filter: {e}")));
+        }
+        if self.sample_interval < Duration::from_millis(10) {
+            return Err(invalid("sample_interval", "must be at least 10ms"));
+        }
+        if self.api_token.as_deref().is_some_and(|t| t.is_empty()) {
+            return Err(invalid("api_token", "must not be empty"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for w in &self.workers {
+            if !names.insert(w.name.as_str()) {
+                return Err(invalid(
+                    "worker.name",
+                    format!("`{}` is declared twice", w.name),
+                ));
+            }
+        }
+        for r in &self.rules {
+            if !names.contains(r.worker.as_str()) {
+                return Err(invalid(
+                    "rule.worker",
+                    format!("`{}` is not a declared [[worker]]", r.worker),
+                ));
+            }
         }
         Ok(())
     }
@@ -140,6 +276,44 @@ fn parse_file(path: &Path) -> Result<FileConfig, ConfigError> {
     toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.display().to_string(),
         message: e.to_string().trim_end().to_string(),
+    })
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *slot = value;
+    }
+}
+
+fn worker_spec(index: usize, w: WorkerConfig) -> Result<WorkerSpec, ConfigError> {
+    let at = |problem: String| {
+        invalid(
+            "worker",
+            format!("#{} (`{}`): {problem}", index + 1, w.name),
+        )
+    };
+    if w.name.trim().is_empty() {
+        return Err(at("`name` must not be empty".into()));
+    }
+    let source = match (&w.cgroup, w.pid, &w.process) {
+        (Some(path), None, None) if path.is_absolute() => MemorySource::Cgroup(path.clone()),
+        (Some(path), None, None) => {
+            return Err(at(format!(
+                "`cgroup` must be an absolute path, got {}",
+                path.display()
+            )));
+        }
+        (None, Some(pid), None) => MemorySource::Pid(pid),
+        (None, None, Some(text)) if !text.trim().is_empty() => MemorySource::Process(text.clone()),
+        (None, None, None) => return Err(at("needs one of `cgroup`, `pid` or `process`".into())),
+        _ => return Err(at("give only one of `cgroup`, `pid` or `process`".into())),
+    };
+    Ok(WorkerSpec {
+        name: w.name.clone(),
+        source,
+        soft_cap: w.soft_cap.map(|s| s.0),
+        unhealthy_after: w.unhealthy_after.map_or(DEFAULT_UNHEALTHY_AFTER, |s| s.0),
+        recover_after: w.recover_after.map_or(DEFAULT_RECOVER_AFTER, |s| s.0),
     })
 }
 
@@ -211,6 +385,92 @@ mod tests {
         let f = file("listen = \"not an address\"\n");
         let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn workers_and_rules_parse_with_units() {
+        let f = file(
+            r#"
+sample_interval = "500ms"
+on_residual_over_cap = "flag"
+[[worker]]
+name = "w1"
+cgroup = "/sys/fs/cgroup/memory/w1"
+soft_cap = "1GiB"
+unhealthy_after = "90s"
+recover_after = "2m"
+[[worker]]
+name = "dask"
+process = "dask worker"
+[[rule]]
+worker = "w1"
+cgroup = "/sys/fs/cgroup/memory/w1/job_*"
+soft_cap = "512MiB"
+"#,
+        );
+        let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+        assert_eq!(c.sample_interval, Duration::from_millis(500));
+        assert_eq!(c.watchdog.on_residual_over_cap, OnResidualOverCap::Flag);
+        assert_eq!(c.workers.len(), 2);
+        let w1 = &c.workers[0];
+        assert_eq!(
+            w1.source,
+            MemorySource::Cgroup("/sys/fs/cgroup/memory/w1".into())
+        );
+        assert_eq!(w1.soft_cap, Some(1 << 30));
+        assert_eq!(w1.unhealthy_after, Duration::from_secs(90));
+        assert_eq!(w1.recover_after, Duration::from_secs(120));
+        assert_eq!(
+            c.workers[1].source,
+            MemorySource::Process("dask worker".into())
+        );
+        assert_eq!(c.workers[1].unhealthy_after, DEFAULT_UNHEALTHY_AFTER);
+        assert!(c.rules[0].pattern.matches("/sys/fs/cgroup/memory/w1/job_7"));
+        assert_eq!(c.rules[0].soft_cap, Some(512 << 20));
+    }
+
+    #[test]
+    fn worker_mistakes_are_named() {
+        for (text, expected) in [
+            (
+                "[[worker]]\nname = \"a\"\n",
+                "needs one of `cgroup`, `pid` or `process`",
+            ),
+            (
+                "[[worker]]\nname = \"a\"\npid = 1\nprocess = \"x\"\n",
+                "give only one of",
+            ),
+            (
+                "[[worker]]\nname = \"a\"\ncgroup = \"rel\"\n",
+                "must be an absolute path",
+            ),
+            (
+                "[[worker]]\nname = \"a\"\npid = 1\n[[worker]]\nname = \"a\"\npid = 2\n",
+                "`worker.name` `a` is declared twice",
+            ),
+            (
+                "[[worker]]\nname = \"a\"\npid = 1\nsoft_cap = \"lots\"\n",
+                "`lots` is not a size",
+            ),
+            (
+                "[[worker]]\nname = \"a\"\npid = 1\nunhealthy_after = \"soon\"\n",
+                "`soon` is not a duration",
+            ),
+            (
+                "[[worker]]\nname = \"a\"\npid = 1\ncolour = 1\n",
+                "unknown field `colour`",
+            ),
+            (
+                "[[rule]]\nworker = \"b\"\ncgroup = \"/x/*\"\n",
+                "`rule.worker` `b` is not a declared [[worker]]",
+            ),
+        ] {
+            let f = file(text);
+            let err = Config::load(Some(f.path()), &Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
     }
 
     #[test]

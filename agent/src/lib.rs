@@ -10,6 +10,8 @@ pub mod config;
 pub mod event;
 pub mod pipeline;
 pub mod probe;
+pub mod sampler;
 pub mod shipper;
 pub mod telemetry;
+pub mod units;
 pub mod watchdog;
