@@ -17,8 +17,10 @@ use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
     config::Config,
     event::{EventBody, EventKind},
+    monitor::Monitor,
     pipeline::{PROBE_QUEUE, Pipeline},
     probe::{SourceKind, ebpf::EbpfProbe},
+    sampler::SystemReader,
     shipper::outbox::Outbox,
     telemetry::Metrics,
     watchdog::self_health::ProbeState,
@@ -40,11 +42,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.outbox_capacity,
         metrics.clone(),
     );
+    let monitor = Arc::new(Monitor::new(
+        config.workers.clone(),
+        config.watchdog.clone(),
+        config.rules.clone(),
+        hierarchy.root.clone(),
+        Arc::new(SystemReader),
+        outbox.clone(),
+        metrics.clone(),
+    ));
     let probe_state = Arc::new(Mutex::new(ProbeState::default()));
     let app = AppState {
         outbox: outbox.clone(),
         registry,
         probe: probe_state.clone(),
+        monitor: monitor.clone(),
+        api_token: config.api_token.as_deref().map(Arc::from),
     };
     let listener = TcpListener::bind(config.listen)
         .await
@@ -87,11 +100,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let pipeline = tokio::spawn(
         Pipeline {
             resolver: CgroupResolver::new(hierarchy),
+            monitor: monitor.clone(),
             outbox,
             metrics: metrics.clone(),
         }
         .run(rx),
     );
+    let sampling = tokio::spawn(sample_forever(monitor, config.sample_interval));
 
     let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
     let mut last = [0u64; ProbeCounter::COUNT as usize];
@@ -116,6 +131,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     // Detach first so nothing new arrives, then drain what is queued.
+    sampling.abort();
     reader.abort();
     drop(probe);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, pipeline).await;
@@ -128,6 +144,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Reads worker and task memory every `interval` and runs the checks. The
+/// file reads block, so each round runs on the blocking pool; a slow round
+/// delays the next instead of piling up.
+async fn sample_forever(monitor: Arc<Monitor>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let monitor = monitor.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || monitor.tick()).await {
+            warn!(%error, "sampling round failed");
+        }
+    }
 }
 
 /// Moves the kernel counters' growth into the Prometheus counters.

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod event;
+pub mod monitor;
 pub mod pipeline;
 pub mod probe;
 pub mod sampler;

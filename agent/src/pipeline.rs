@@ -1,12 +1,15 @@
 //! Probe events → outbox events: resolves the kernel's ids into names a
 //! scheduler understands and numbers the result in the outbox.
 
+use std::{path::Path, sync::Arc};
+
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
     cgroup::CgroupResolver,
     event::{EventBody, EventKind, OomDetails},
+    monitor::Monitor,
     probe::{OomVictim, ProbeEvent},
     shipper::outbox::Outbox,
     telemetry::Metrics,
@@ -17,6 +20,7 @@ pub const PROBE_QUEUE: usize = 4096;
 
 pub struct Pipeline {
     pub resolver: CgroupResolver,
+    pub monitor: Arc<Monitor>,
     pub outbox: Outbox,
     pub metrics: Metrics,
 }
@@ -32,14 +36,23 @@ impl Pipeline {
     pub fn handle(&mut self, event: ProbeEvent) {
         match event {
             ProbeEvent::OomVictim(victim) => {
-                let body = self.oom_kill(&victim);
+                let mut body = self.oom_kill(&victim);
+                let (task_id, worker, task_ended) = self
+                    .monitor
+                    .attribute_oom(body.cgroup.as_deref().map(Path::new), victim.pid);
+                body.task_id = task_id;
+                body.worker = worker;
                 self.metrics.oom_kills.inc();
+                self.metrics.count_event(&body);
                 let event = self.outbox.append(body, Some(victim.time));
+                // The task's end comes after the kill that ended it.
+                self.monitor.store(task_ended);
                 info!(
                     seq = event.seq,
                     pid = victim.pid,
                     comm = %victim.comm,
                     cgroup = event.body.cgroup.as_deref().unwrap_or("?"),
+                    task_id = event.body.task_id.as_deref().unwrap_or("-"),
                     rss_bytes = victim.rss_bytes(),
                     "OOM kill"
                 );
@@ -105,12 +118,30 @@ mod tests {
 
     fn pipeline(root: &std::path::Path) -> Pipeline {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h", 10, metrics.clone());
+        let worker = crate::watchdog::spec::WorkerSpec {
+            name: "w1".into(),
+            source: crate::watchdog::spec::MemorySource::Cgroup(root.into()),
+            soft_cap: None,
+            unhealthy_after: std::time::Duration::from_secs(60),
+            recover_after: std::time::Duration::from_secs(30),
+        };
+        let monitor = Monitor::new(
+            vec![worker],
+            Default::default(),
+            Vec::new(),
+            root.into(),
+            Arc::new(crate::sampler::fake::FakeReader::default()),
+            outbox.clone(),
+            metrics.clone(),
+        );
         Pipeline {
             resolver: CgroupResolver::new(MemoryHierarchy {
                 root: root.into(),
                 version: CgroupVersion::V1,
             }),
-            outbox: Outbox::new("h", 10, metrics.clone()),
+            monitor: Arc::new(monitor),
+            outbox,
             metrics,
         }
     }
@@ -139,7 +170,46 @@ mod tests {
         assert_eq!(e.cgroup.as_deref(), Some(cg.to_str().unwrap()));
         assert_eq!(e.rss_bytes, Some(65 << 20));
         assert_eq!(e.reason, None);
+        assert_eq!(
+            e.worker.as_deref(),
+            Some("w1"),
+            "victim inside the worker's cgroup"
+        );
         assert_eq!(metrics.oom_kills.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn oom_kill_of_a_task_names_it_and_ends_it_after_the_kill() {
+        use crate::watchdog::spec::{MemorySource, TaskRequest};
+        let root = tempfile::tempdir().unwrap();
+        let cg = root.path().join("job-9");
+        fs::create_dir(&cg).unwrap();
+        let mut p = pipeline(root.path());
+        p.monitor
+            .register(TaskRequest {
+                task_id: "job-9".into(),
+                worker: None,
+                source: Some(MemorySource::Cgroup(cg.clone())),
+                soft_cap: None,
+            })
+            .unwrap();
+        let id = fs::metadata(&cg).unwrap().ino();
+        p.handle(ProbeEvent::OomVictim(victim(Some(id))));
+        let events = p.outbox.read(0, 10);
+        let kinds: Vec<_> = events.iter().map(|e| e.body.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::TaskStarted,
+                EventKind::OomKill,
+                EventKind::TaskFinished
+            ]
+        );
+        assert_eq!(events[1].body.task_id.as_deref(), Some("job-9"));
+        assert_eq!(events[1].body.worker.as_deref(), Some("w1"));
+        assert_eq!(events[2].body.reason.as_deref(), Some("OOM-killed"));
+        assert!(p.monitor.tasks().is_empty());
+        assert_eq!(p.metrics.task_oom_kills.with_label_values(&["w1"]).get(), 1);
     }
 
     #[test]

@@ -211,3 +211,38 @@ mod tests {
         assert_eq!(gone.unwrap_err().kind(), io::ErrorKind::NotFound);
     }
 }
+
+/// A reader with set figures, for tests of everything above the sampler.
+#[cfg(test)]
+pub mod fake {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    pub struct FakeReader {
+        pub memory: Mutex<HashMap<MemorySource, u64>>,
+        pub caps: Mutex<HashMap<std::path::PathBuf, u64>>,
+    }
+
+    impl FakeReader {
+        pub fn set(&self, source: MemorySource, bytes: u64) {
+            self.memory.lock().unwrap().insert(source, bytes);
+        }
+    }
+
+    impl MemoryReader for FakeReader {
+        fn read(&self, source: &MemorySource) -> io::Result<u64> {
+            self.memory
+                .lock()
+                .unwrap()
+                .get(source)
+                .copied()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not set"))
+        }
+
+        fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64> {
+            self.caps.lock().unwrap().get(cgroup).copied()
+        }
+    }
+}

@@ -14,6 +14,23 @@ pub const PROBE_READY: &str = "memwatch_probe_ready";
 pub const PROBE_SOURCE: &str = "memwatch_probe_source";
 pub const PROBE_KERNEL_TOTAL: &str = "memwatch_probe_kernel_total";
 pub const BUILD_INFO: &str = "memwatch_build_info";
+pub const WORKER_MEMORY_BYTES: &str = "memwatch_worker_memory_bytes";
+pub const WORKER_RESIDUAL_BYTES: &str = "memwatch_worker_residual_bytes";
+pub const WORKER_SOFT_CAP_BYTES: &str = "memwatch_worker_soft_cap_bytes";
+pub const WORKER_HEALTH: &str = "memwatch_worker_health";
+pub const WORKER_TRANSITIONS_TOTAL: &str = "memwatch_worker_transitions_total";
+pub const TASKS_RUNNING: &str = "memwatch_tasks_running";
+pub const TASK_REJECTIONS_TOTAL: &str = "memwatch_task_rejections_total";
+pub const SOFT_CAP_CROSSINGS_TOTAL: &str = "memwatch_soft_cap_crossings_total";
+pub const TASK_OOM_KILLS_TOTAL: &str = "memwatch_task_oom_kills_total";
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+    IntGaugeVec::new(Opts::new(name, help), labels)
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
 pub fn init_logging(default_level: &str) {
@@ -40,9 +57,72 @@ pub struct Metrics {
     pub probe_source: IntGaugeVec,
     /// The eBPF programs' own counters, by name (oom_seen, ringbuf_full, read_errors).
     pub probe_kernel: IntCounterVec,
+    /// Per worker (configured, so few): memory, residual memory, soft cap.
+    pub worker_memory: IntGaugeVec,
+    pub worker_residual: IntGaugeVec,
+    pub worker_soft_cap: IntGaugeVec,
+    /// 1 for the worker's current state (`healthy`, `degraded`, `unhealthy`), 0 for the others.
+    pub worker_health: IntGaugeVec,
+    /// Changes into `unhealthy` or back to `healthy`, by worker and target state.
+    pub worker_transitions: IntCounterVec,
+    pub tasks_running: IntGaugeVec,
+    pub task_rejections: IntCounterVec,
+    /// Soft-cap crossings, by scope (`task` or `worker`).
+    pub soft_cap_crossings: IntCounterVec,
+    /// OOM kills attributed to a worker's tasks or the worker itself.
+    pub task_oom_kills: IntCounterVec,
 }
 
 impl Metrics {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.oom_kills.clone()),
+            Box::new(self.events.clone()),
+            Box::new(self.events_dropped.clone()),
+            Box::new(self.probe_ready.clone()),
+            Box::new(self.probe_source.clone()),
+            Box::new(self.probe_kernel.clone()),
+            Box::new(self.worker_memory.clone()),
+            Box::new(self.worker_residual.clone()),
+            Box::new(self.worker_soft_cap.clone()),
+            Box::new(self.worker_health.clone()),
+            Box::new(self.worker_transitions.clone()),
+            Box::new(self.tasks_running.clone()),
+            Box::new(self.task_rejections.clone()),
+            Box::new(self.soft_cap_crossings.clone()),
+            Box::new(self.task_oom_kills.clone()),
+        ]
+    }
+
+    /// Counts what an event says happened (transitions, rejections, crossings).
+    pub fn count_event(&self, event: &crate::event::EventBody) {
+        use crate::event::EventKind;
+        let worker = event.worker.as_deref().unwrap_or("");
+        match event.kind {
+            EventKind::WorkerUnhealthy => self
+                .worker_transitions
+                .with_label_values(&[worker, "unhealthy"])
+                .inc(),
+            EventKind::WorkerRecovered => self
+                .worker_transitions
+                .with_label_values(&[worker, "healthy"])
+                .inc(),
+            EventKind::TaskRejected => self.task_rejections.with_label_values(&[worker]).inc(),
+            EventKind::SoftCapExceeded => {
+                let scope = if event.task_id.is_some() {
+                    "task"
+                } else {
+                    "worker"
+                };
+                self.soft_cap_crossings.with_label_values(&[scope]).inc();
+            }
+            EventKind::OomKill if event.worker.is_some() => {
+                self.task_oom_kills.with_label_values(&[worker]).inc()
+            }
+            _ => {}
+        }
+    }
+
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
         let metrics = Self {
             oom_kills: IntCounter::new(OOM_KILLS_TOTAL, "OOM kills reported by the kernel.")?,
@@ -66,13 +146,47 @@ impl Metrics {
                 Opts::new(PROBE_KERNEL_TOTAL, "Counters kept by the eBPF programs."),
                 &["counter"],
             )?,
+            worker_memory: gauge(
+                WORKER_MEMORY_BYTES,
+                "Worker memory (cgroup working set or process RSS).",
+                &["worker"],
+            )?,
+            worker_residual: gauge(
+                WORKER_RESIDUAL_BYTES,
+                "Worker memory not owned by its running tasks.",
+                &["worker"],
+            )?,
+            worker_soft_cap: gauge(WORKER_SOFT_CAP_BYTES, "Worker soft cap.", &["worker"])?,
+            worker_health: gauge(
+                WORKER_HEALTH,
+                "1 for the worker's current health state.",
+                &["worker", "state"],
+            )?,
+            worker_transitions: counter(
+                WORKER_TRANSITIONS_TOTAL,
+                "Worker health changes, by target state.",
+                &["worker", "to"],
+            )?,
+            tasks_running: gauge(TASKS_RUNNING, "Tasks running per worker.", &["worker"])?,
+            task_rejections: counter(
+                TASK_REJECTIONS_TOTAL,
+                "Task registrations rejected.",
+                &["worker"],
+            )?,
+            soft_cap_crossings: counter(
+                SOFT_CAP_CROSSINGS_TOTAL,
+                "Soft-cap crossings.",
+                &["scope"],
+            )?,
+            task_oom_kills: counter(
+                TASK_OOM_KILLS_TOTAL,
+                "OOM kills attributed to a worker.",
+                &["worker"],
+            )?,
         };
-        registry.register(Box::new(metrics.oom_kills.clone()))?;
-        registry.register(Box::new(metrics.events.clone()))?;
-        registry.register(Box::new(metrics.events_dropped.clone()))?;
-        registry.register(Box::new(metrics.probe_ready.clone()))?;
-        registry.register(Box::new(metrics.probe_source.clone()))?;
-        registry.register(Box::new(metrics.probe_kernel.clone()))?;
+        for collector in metrics.collectors() {
+            registry.register(collector)?;
+        }
         let build = IntGaugeVec::new(Opts::new(BUILD_INFO, "Agent version."), &["version"])?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         registry.register(Box::new(build))?;

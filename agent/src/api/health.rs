@@ -1,27 +1,60 @@
 //! `/health`, `/ready`, `/live`.
 
-use axum::{Json, extract::State, http::StatusCode};
-use serde::Serialize;
+use axum::{
+    Json,
+    extract::{Query, State},
+    http::StatusCode,
+};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::AppState;
-use crate::watchdog::{Health, self_health};
+use super::{ApiError, AppState};
+use crate::watchdog::{Health, self_health, worker::WorkerView};
 
 #[derive(Serialize)]
 pub struct HealthBody {
     pub status: Health,
     pub reasons: Vec<String>,
-    /// Per-worker verdicts (the watchdog fills these in).
-    pub workers: Vec<serde_json::Value>,
+    /// Per-worker verdicts with their figures.
+    pub workers: Vec<WorkerView>,
     /// `ebpf` or `poll`; null until a source runs.
     pub source: Option<&'static str>,
     pub attach: Option<&'static str>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthQuery {
+    /// Only this worker's verdict (and the agent's own).
+    worker: Option<String>,
+}
+
 /// 200 when healthy or degraded, 503 when unhealthy; always with reasons.
-pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthBody>) {
+/// The status is the worst of the agent's own and every worker's (or the
+/// one named by `?worker=`): a scheduler polling it gets the same verdicts
+/// as the events say.
+pub async fn health(
+    State(state): State<AppState>,
+    Query(query): Query<HealthQuery>,
+) -> Result<(StatusCode, Json<HealthBody>), ApiError> {
+    let mut workers = state.monitor.workers();
+    if let Some(name) = &query.worker {
+        workers.retain(|w| &w.name == name);
+        if workers.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("unknown worker `{name}`"),
+            ));
+        }
+    }
     let probe = state.probe();
-    let verdict = self_health::assess(&probe, Instant::now());
+    let mut verdict = self_health::assess(&probe, Instant::now());
+    for w in &workers {
+        for reason in &w.reasons {
+            verdict.add(w.status, format!("worker {}: {reason}", w.name));
+        }
+        verdict.status = verdict.status.max(w.status);
+    }
     let code = match verdict.status {
         Health::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
         Health::Healthy | Health::Degraded => StatusCode::OK,
@@ -29,11 +62,11 @@ pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthBo
     let body = HealthBody {
         status: verdict.status,
         reasons: verdict.reasons,
-        workers: Vec::new(),
+        workers,
         source: probe.source.map(|s| s.as_str()),
         attach: probe.attach,
     };
-    (code, Json(body))
+    Ok((code, Json(body)))
 }
 
 /// 200 once the event source runs (the probe is attached), 503 before.

@@ -1,20 +1,25 @@
 //! The local HTTP API (contract in ../shared/DESIGN.md).
 
+mod auth;
 mod events;
 mod health;
 mod metrics;
+mod status;
+pub mod tasks;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::{
     Json, Router,
+    extract::DefaultBodyLimit,
     http::StatusCode,
+    middleware,
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{delete, get, post},
 };
 use prometheus::Registry;
 
-use crate::{shipper::outbox::Outbox, watchdog::self_health::ProbeState};
+use crate::{monitor::Monitor, shipper::outbox::Outbox, watchdog::self_health::ProbeState};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -22,6 +27,9 @@ pub struct AppState {
     pub outbox: Outbox,
     pub registry: Registry,
     pub probe: Arc<Mutex<ProbeState>>,
+    pub monitor: Arc<Monitor>,
+    /// Required on mutating routes when set.
+    pub api_token: Option<Arc<str>>,
 }
 
 impl AppState {
@@ -31,8 +39,19 @@ impl AppState {
 }
 
 pub fn router(state: AppState) -> Router {
+    let mutating = Router::new()
+        .route("/v1/tasks", post(tasks::create))
+        .route("/v1/tasks/{task_id}", delete(tasks::delete))
+        .route("/v1/workers/{name}/reset", post(tasks::reset))
+        .layer(DefaultBodyLimit::max(tasks::MAX_BODY_BYTES))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
     Router::new()
+        .merge(mutating)
         .route("/health", get(health::health))
+        .route("/v1/status", get(status::status))
         .route("/ready", get(health::ready))
         .route("/live", get(health::live))
         .route("/metrics", get(metrics::metrics))

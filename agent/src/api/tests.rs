@@ -8,16 +8,44 @@ use super::*;
 use crate::{
     event::{EventBody, EventKind},
     probe::SourceKind,
+    sampler::fake::FakeReader,
     telemetry::Metrics,
+    watchdog::spec::{MemorySource, Settings, WorkerSpec},
 };
 
 fn state() -> AppState {
+    state_with(FakeReader::default(), None)
+}
+
+const MIB: u64 = 1 << 20;
+
+/// One worker `w1` (cgroup /cg/w1, soft cap 200 MiB) read from `reader`.
+fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
+    let outbox = Outbox::new("test-host", 100, metrics.clone());
+    let worker = WorkerSpec {
+        name: "w1".into(),
+        source: MemorySource::Cgroup("/cg/w1".into()),
+        soft_cap: Some(200 * MIB),
+        unhealthy_after: std::time::Duration::from_secs(60),
+        recover_after: std::time::Duration::from_secs(30),
+    };
+    let monitor = Monitor::new(
+        vec![worker],
+        Settings::default(),
+        Vec::new(),
+        "/cg".into(),
+        Arc::new(reader),
+        outbox.clone(),
+        metrics,
+    );
     AppState {
-        outbox: Outbox::new("test-host", 100, metrics),
+        outbox,
         registry,
         probe: Arc::default(),
+        monitor: Arc::new(monitor),
+        api_token: token.map(Arc::from),
     }
 }
 
@@ -65,7 +93,8 @@ async fn health_names_source_and_reasons() {
     assert_eq!(code, StatusCode::OK);
     assert_eq!(json["status"], "healthy");
     assert_eq!(json["source"], "ebpf");
-    assert_eq!(json["workers"], serde_json::json!([]));
+    assert_eq!(json["workers"][0]["name"], "w1");
+    assert_eq!(json["workers"][0]["status"], "healthy");
 }
 
 #[tokio::test]
@@ -131,4 +160,231 @@ async fn unknown_route_is_404_json() {
     let (code, body) = get(&state(), "/nope").await;
     assert_eq!(code, StatusCode::NOT_FOUND);
     assert!(body.contains("no such route"));
+}
+
+/// Sends a request with an optional body, content type and token.
+async fn send(
+    state: &AppState,
+    method: &str,
+    uri: &str,
+    body: Option<(&str, &str)>,
+    token: Option<&str>,
+) -> (StatusCode, serde_json::Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let req = match body {
+        Some((content_type, text)) => req
+            .header("content-type", content_type)
+            .body(Body::from(text.to_string())),
+        None => req.body(Body::empty()),
+    }
+    .unwrap();
+    let response = router(state.clone()).oneshot(req).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, json)
+}
+
+const JSON: &str = "application/json";
+
+fn reader(worker: u64) -> FakeReader {
+    let r = FakeReader::default();
+    r.set(MemorySource::Cgroup("/cg/w1".into()), worker);
+    r
+}
+
+#[tokio::test]
+async fn task_on_a_clean_worker_is_201_and_listed() {
+    let state = state_with(reader(50 * MIB), None);
+    let (code, json) = send(
+        &state,
+        "POST",
+        "/v1/tasks",
+        Some((JSON, r#"{"task_id":"t1"}"#)),
+        None,
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{json}");
+    assert_eq!(json["verdict"], "accepted");
+    assert_eq!(json["worker"], "w1");
+    let (_, status) = get(&state, "/v1/status").await;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["tasks"][0]["task_id"], "t1");
+    assert_eq!(status["workers"][0]["running_tasks"], 1);
+
+    let (code, json) = send(&state, "DELETE", "/v1/tasks/t1?exit_code=0", None, None).await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["outcome"]["outcome"], "ended");
+    let (code, _) = send(&state, "DELETE", "/v1/tasks/nope", None, None).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn residual_over_cap_is_409_and_health_503_until_reset() {
+    let state = state_with(reader(300 * MIB), None);
+    attach(&state);
+    let (code, json) = send(
+        &state,
+        "POST",
+        "/v1/tasks",
+        Some((JSON, r#"{"task_id":"t1"}"#)),
+        None,
+    )
+    .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{json}");
+    assert_eq!(json["verdict"], "rejected");
+    assert!(
+        json["reason"]
+            .as_str()
+            .unwrap()
+            .contains("residual memory 300.0 MiB"),
+        "{json}"
+    );
+
+    let (code, body) = get(&state, "/health").await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["status"], "unhealthy");
+    assert!(
+        health["reasons"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("worker w1: residual memory"),
+        "{health}"
+    );
+    assert_eq!(
+        get(&state, "/health?worker=w1").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        get(&state, "/health?worker=zz").await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    let events = state.outbox.read(0, 10);
+    let kinds: Vec<_> = events.iter().map(|e| e.body.kind).collect();
+    assert_eq!(kinds, [EventKind::WorkerUnhealthy, EventKind::TaskRejected]);
+
+    let (code, _) = send(&state, "POST", "/v1/workers/w1/reset", None, None).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(get(&state, "/health").await.0, StatusCode::OK);
+    let (code, _) = send(&state, "POST", "/v1/workers/nope/reset", None, None).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+
+    let (_, metrics) = get(&state, "/metrics").await;
+    for line in [
+        "memwatch_task_rejections_total{worker=\"w1\"} 1",
+        "memwatch_worker_transitions_total{to=\"unhealthy\",worker=\"w1\"} 1",
+        "memwatch_worker_transitions_total{to=\"healthy\",worker=\"w1\"} 1",
+        "memwatch_worker_memory_bytes{worker=\"w1\"} 314572800",
+        "memwatch_worker_soft_cap_bytes{worker=\"w1\"} 209715200",
+        "memwatch_worker_health{state=\"healthy\",worker=\"w1\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn bad_task_requests_are_rejected_and_change_nothing() {
+    let state = state_with(reader(50 * MIB), None);
+    let big = format!(r#"{{"task_id":"{}"}}"#, "x".repeat(tasks::MAX_BODY_BYTES));
+    let cases: Vec<(Option<&str>, &str, StatusCode)> = vec![
+        (Some(JSON), "{not json", StatusCode::BAD_REQUEST),
+        (Some(JSON), r#"{"task_id": 7}"#, StatusCode::BAD_REQUEST),
+        (
+            Some(JSON),
+            r#"{"task_id":"t","colour":"red"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (Some(JSON), r#"{"worker":"w1"}"#, StatusCode::BAD_REQUEST),
+        (Some(JSON), r#"{"task_id":""}"#, StatusCode::BAD_REQUEST),
+        (
+            Some(JSON),
+            r#"{"task_id":"t","pid":1,"cgroup":"/cg/w1"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Some(JSON),
+            r#"{"task_id":"t","cgroup":"relative"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Some(JSON),
+            r#"{"task_id":"t","cgroup":"/no/such/cgroup"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Some(JSON),
+            r#"{"task_id":"t","worker":"nope"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (Some(JSON), &big, StatusCode::PAYLOAD_TOO_LARGE),
+        (
+            Some("text/plain"),
+            r#"{"task_id":"t"}"#,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            None,
+            r#"{"task_id":"t"}"#,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+    ];
+    for (content_type, body, expected) in cases {
+        let (code, json) = match content_type {
+            Some(ct) => send(&state, "POST", "/v1/tasks", Some((ct, body)), None).await,
+            None => {
+                let req = Request::post("/v1/tasks")
+                    .body(Body::from(body.to_string()))
+                    .unwrap();
+                let r = router(state.clone()).oneshot(req).await.unwrap();
+                (r.status(), serde_json::Value::Null)
+            }
+        };
+        assert_eq!(code, expected, "{}: {json}", &body[..body.len().min(60)]);
+        if content_type.is_some() {
+            assert!(
+                json["error"].as_str().is_some_and(|m| !m.is_empty()),
+                "{json}"
+            );
+        }
+    }
+    assert!(state.monitor.tasks().is_empty());
+    assert!(
+        state.outbox.read(0, 10).is_empty(),
+        "no event from a bad request"
+    );
+}
+
+#[tokio::test]
+async fn mutating_routes_need_the_token_when_one_is_set() {
+    let state = state_with(reader(50 * MIB), Some("s3cret"));
+    let body = Some((JSON, r#"{"task_id":"t1"}"#));
+    for token in [None, Some("wrong")] {
+        let (code, json) = send(&state, "POST", "/v1/tasks", body, token).await;
+        assert_eq!(code, StatusCode::UNAUTHORIZED, "{json}");
+        assert_eq!(
+            send(&state, "POST", "/v1/workers/w1/reset", None, token)
+                .await
+                .0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            send(&state, "DELETE", "/v1/tasks/t1", None, token).await.0,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert!(state.monitor.tasks().is_empty());
+    assert_eq!(
+        send(&state, "POST", "/v1/tasks", body, Some("s3cret"))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    // Reads stay open.
+    assert_eq!(get(&state, "/v1/status").await.0, StatusCode::OK);
+    assert_eq!(get(&state, "/health").await.0, StatusCode::OK);
 }

@@ -20,6 +20,9 @@ use crate::event::{EventBody, EventKind};
 /// Name of the implicit worker when none is configured: the whole host.
 pub const HOST_WORKER: &str = "host";
 
+/// What to read: (worker name or task id, where its memory is).
+pub type Sources = Vec<(String, MemorySource)>;
+
 /// Memory figures the caller read, by worker name and by task id. A missing
 /// entry means "could not be read" and skips that check.
 #[derive(Clone, Debug, Default)]
@@ -111,7 +114,7 @@ impl Watchdog {
     }
 
     /// What to read for a sample: every worker and every running task with a source.
-    pub fn sources(&self) -> (Vec<(String, MemorySource)>, Vec<(String, MemorySource)>) {
+    pub fn sources(&self) -> (Sources, Sources) {
         let workers = self
             .workers
             .values()

@@ -1,0 +1,172 @@
+//! `POST /v1/tasks`, `DELETE /v1/tasks/{task_id}`, `POST /v1/workers/{name}/reset`.
+
+use std::path::PathBuf;
+
+use axum::{
+    Json,
+    extract::{Path, Query, State, rejection::JsonRejection, rejection::QueryRejection},
+    http::StatusCode,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{ApiError, AppState};
+use crate::watchdog::{
+    policy::{Admission, WatchdogError},
+    spec::{MemorySource, TaskOutcome, TaskRequest},
+    task::TaskView,
+};
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Longest task id or worker name.
+const MAX_NAME_LEN: usize = 256;
+
+/// The registration body (contract in DESIGN.md). Unknown fields are errors.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewTask {
+    pub task_id: String,
+    pub worker: Option<String>,
+    pub pid: Option<u32>,
+    pub cgroup: Option<PathBuf>,
+    pub soft_cap_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskAnswer {
+    /// `accepted`, `flagged` or `rejected`.
+    pub verdict: String,
+    pub task_id: String,
+    pub worker: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    body: Result<Json<NewTask>, JsonRejection>,
+) -> Result<(StatusCode, Json<TaskAnswer>), ApiError> {
+    let Json(task) = body.map_err(json_error)?;
+    let request = validate(task)?;
+    let task_id = request.task_id.clone();
+    let registration = state.monitor.register(request).map_err(watchdog_error)?;
+    let (code, verdict, reason) = match registration.admission {
+        Admission::Accepted => (StatusCode::CREATED, "accepted", None),
+        Admission::Flagged { reason } => (StatusCode::CREATED, "flagged", Some(reason)),
+        Admission::Rejected { reason } => (StatusCode::CONFLICT, "rejected", Some(reason)),
+    };
+    Ok((
+        code,
+        Json(TaskAnswer {
+            verdict: verdict.into(),
+            task_id,
+            worker: registration.worker,
+            reason,
+        }),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndQuery {
+    /// The task's exit status, when the caller knows it.
+    exit_code: Option<i32>,
+    /// `true` when the caller saw the task OOM-killed.
+    #[serde(default)]
+    oom_killed: bool,
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(task_id): Path<String>,
+    query: Result<Query<EndQuery>, QueryRejection>,
+) -> Result<Json<TaskView>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let outcome = if query.oom_killed {
+        TaskOutcome::OomKilled
+    } else {
+        TaskOutcome::Ended {
+            exit_code: query.exit_code,
+        }
+    };
+    state
+        .monitor
+        .finish(&task_id, outcome)
+        .map(Json)
+        .map_err(watchdog_error)
+}
+
+pub async fn reset(
+    State(state): State<AppState>,
+    Path(worker): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    state.monitor.reset(&worker).map_err(|e| match e {
+        WatchdogError::UnknownWorker(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
+        other => watchdog_error(other),
+    })?;
+    Ok(Json(
+        serde_json::json!({ "worker": worker, "status": "healthy" }),
+    ))
+}
+
+/// Checks everything before the watchdog sees the request, so a bad one
+/// changes nothing.
+fn validate(task: NewTask) -> Result<TaskRequest, ApiError> {
+    let bad = |message: String| ApiError::new(StatusCode::BAD_REQUEST, message);
+    check_name("task_id", &task.task_id).map_err(bad)?;
+    if let Some(worker) = &task.worker {
+        check_name("worker", worker).map_err(bad)?;
+    }
+    let source = match (task.pid, task.cgroup) {
+        (Some(_), Some(_)) => return Err(bad("give `pid` or `cgroup`, not both".into())),
+        (Some(0), None) => return Err(bad("`pid` must be a process id, not 0".into())),
+        (Some(pid), None) => Some(MemorySource::Pid(pid)),
+        (None, Some(path)) if !path.is_absolute() => {
+            return Err(bad(format!(
+                "`cgroup` must be an absolute path, got {}",
+                path.display()
+            )));
+        }
+        (None, Some(path)) if !path.is_dir() => {
+            return Err(bad(format!("`cgroup` {} does not exist", path.display())));
+        }
+        (None, Some(path)) => Some(MemorySource::Cgroup(path)),
+        (None, None) => None,
+    };
+    Ok(TaskRequest {
+        task_id: task.task_id,
+        worker: task.worker,
+        source,
+        soft_cap: task.soft_cap_bytes,
+    })
+}
+
+fn check_name(key: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() || value.len() > MAX_NAME_LEN {
+        return Err(format!("`{key}` must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!("`{key}` must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Malformed JSON, wrong types and unknown fields are 400; a wrong content
+/// type 415; a body over the limit 413.
+fn json_error(rejection: JsonRejection) -> ApiError {
+    let status = match rejection.status() {
+        StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+        other => other,
+    };
+    ApiError::new(status, rejection.body_text())
+}
+
+fn watchdog_error(error: WatchdogError) -> ApiError {
+    let status = match error {
+        WatchdogError::UnknownTask(_) => StatusCode::NOT_FOUND,
+        WatchdogError::UnknownWorker(_) | WatchdogError::WorkerRequired(_) => {
+            StatusCode::BAD_REQUEST
+        }
+    };
+    ApiError::new(status, error.to_string())
+}

@@ -1,0 +1,244 @@
+//! The watchdog at work: reads memory, feeds the pure policy, stores the
+//! events it decides on, and keeps the per-worker metrics current. Shared
+//! by the HTTP API, the sampling loop and the OOM pipeline.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::{
+    config::Rule,
+    event::EventBody,
+    sampler::{self, MemoryReader},
+    shipper::outbox::Outbox,
+    telemetry::Metrics,
+    watchdog::{
+        Health,
+        policy::{Admission, Registration, Sample, Watchdog, WatchdogError},
+        spec::{MemorySource, Settings, TaskOutcome, TaskRequest, WorkerSpec},
+        task::TaskView,
+        worker::WorkerView,
+    },
+};
+
+pub struct Monitor {
+    watchdog: Mutex<Watchdog>,
+    reader: Arc<dyn MemoryReader>,
+    outbox: Outbox,
+    metrics: Metrics,
+    rules: Vec<Rule>,
+    /// Cgroup-rule tasks seen, by task id: their directory.
+    rule_tasks: Mutex<HashMap<String, PathBuf>>,
+    /// Prefix stripped from a rule-matched cgroup's path to make its task id.
+    cgroup_root: PathBuf,
+}
+
+impl Monitor {
+    /// Workers without a configured soft cap take their cgroup's own.
+    pub fn new(
+        mut workers: Vec<WorkerSpec>,
+        settings: Settings,
+        rules: Vec<Rule>,
+        cgroup_root: PathBuf,
+        reader: Arc<dyn MemoryReader>,
+        outbox: Outbox,
+        metrics: Metrics,
+    ) -> Self {
+        for worker in &mut workers {
+            if worker.soft_cap.is_none()
+                && let MemorySource::Cgroup(path) = &worker.source
+            {
+                worker.soft_cap = reader.cgroup_soft_cap(path);
+            }
+            info!(worker = %worker.name, source = ?worker.source, soft_cap = ?worker.soft_cap, "watching worker");
+        }
+        let monitor = Self {
+            watchdog: Mutex::new(Watchdog::new(workers, settings)),
+            reader,
+            outbox,
+            metrics,
+            rules,
+            rule_tasks: Mutex::default(),
+            cgroup_root,
+        };
+        monitor.publish_gauges(&monitor.lock());
+        monitor
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Watchdog> {
+        self.watchdog.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a task after reading its worker's memory and its running
+    /// tasks'. The task's soft cap defaults to its cgroup's own.
+    pub fn register(&self, mut req: TaskRequest) -> Result<Registration, WatchdogError> {
+        if req.soft_cap.is_none()
+            && let Some(MemorySource::Cgroup(path)) = &req.source
+        {
+            req.soft_cap = self.reader.cgroup_soft_cap(path);
+        }
+        let (worker, mut tasks) = {
+            let watchdog = self.lock();
+            let name = watchdog.resolve_worker(req.worker.as_deref())?;
+            let (workers, tasks) = watchdog.sources();
+            let worker = workers
+                .into_iter()
+                .filter(|(n, _)| *n == name)
+                .collect::<Vec<_>>();
+            (worker, tasks)
+        };
+        if let Some(source) = &req.source {
+            tasks.push((req.task_id.clone(), source.clone()));
+        }
+        let sample = sampler::sample(self.reader.as_ref(), &worker, &tasks);
+        let mut watchdog = self.lock();
+        let registration = watchdog.register(req, &sample, Instant::now())?;
+        if let Admission::Rejected { reason } = &registration.admission {
+            warn!(worker = %registration.worker, %reason, "task rejected");
+        }
+        self.store(registration.events.iter().cloned());
+        self.publish_gauges(&watchdog);
+        Ok(registration)
+    }
+
+    pub fn finish(&self, task_id: &str, outcome: TaskOutcome) -> Result<TaskView, WatchdogError> {
+        let mut watchdog = self.lock();
+        let (view, events) = watchdog.finish(task_id, outcome, Instant::now())?;
+        self.store(events);
+        self.publish_gauges(&watchdog);
+        Ok(view)
+    }
+
+    pub fn reset(&self, worker: &str) -> Result<(), WatchdogError> {
+        let mut watchdog = self.lock();
+        let events = watchdog.reset(worker)?;
+        info!(%worker, "operator reset");
+        self.store(events);
+        self.publish_gauges(&watchdog);
+        Ok(())
+    }
+
+    /// One sampling round: cgroup rules, then every worker and task.
+    pub fn tick(&self) {
+        self.scan_rules();
+        let (workers, tasks) = self.lock().sources();
+        let sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &tasks);
+        let mut watchdog = self.lock();
+        let events = watchdog.observe(&sample, Instant::now());
+        self.store(events);
+        self.publish_gauges(&watchdog);
+    }
+
+    /// Names the task and worker of an OOM victim; stores the task's end.
+    /// Returns (task_id, worker) for the `oom_kill` event, which the caller
+    /// stores first, then the task's end is appended after it.
+    pub fn attribute_oom(
+        &self,
+        cgroup: Option<&Path>,
+        pid: u32,
+    ) -> (Option<String>, Option<String>, Vec<EventBody>) {
+        let mut watchdog = self.lock();
+        let attributed = watchdog.attribute_oom(cgroup, pid, Instant::now());
+        self.publish_gauges(&watchdog);
+        attributed
+    }
+
+    /// Appends events to the outbox and counts them.
+    pub fn store(&self, events: impl IntoIterator<Item = EventBody>) {
+        for body in events {
+            self.metrics.count_event(&body);
+            self.outbox.append(body, None);
+        }
+    }
+
+    pub fn workers(&self) -> Vec<WorkerView> {
+        self.lock().workers()
+    }
+
+    pub fn tasks(&self) -> Vec<TaskView> {
+        self.lock().tasks(Instant::now())
+    }
+
+    pub fn finished_tasks(&self) -> Vec<TaskView> {
+        self.lock().finished_tasks().cloned().collect()
+    }
+
+    /// New cgroups matching a rule become tasks; vanished ones end.
+    fn scan_rules(&self) {
+        if self.rules.is_empty() {
+            return;
+        }
+        let mut seen = HashMap::new();
+        for rule in &self.rules {
+            let Ok(paths) = glob::glob(rule.pattern.as_str()) else {
+                continue;
+            };
+            for path in paths.flatten().filter(|p| p.is_dir()) {
+                let id = path
+                    .strip_prefix(&self.cgroup_root)
+                    .unwrap_or(&path)
+                    .display()
+                    .to_string();
+                seen.insert(id, (path, rule));
+            }
+        }
+        let mut known = self.rule_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<String> = known
+            .keys()
+            .filter(|id| !seen.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            known.remove(&id);
+            // Already ended (OOM-killed) is fine: finish is idempotent.
+            let _ = self.finish(&id, TaskOutcome::CgroupRemoved);
+        }
+        for (id, (path, rule)) in seen {
+            if known.contains_key(&id) {
+                continue;
+            }
+            known.insert(id.clone(), path.clone());
+            let req = TaskRequest {
+                task_id: id,
+                worker: Some(rule.worker.clone()),
+                source: Some(MemorySource::Cgroup(path)),
+                soft_cap: rule.soft_cap,
+            };
+            if let Err(error) = self.register(req) {
+                warn!(%error, "cgroup rule task not registered");
+            }
+        }
+    }
+
+    fn publish_gauges(&self, watchdog: &Watchdog) {
+        for w in watchdog.workers() {
+            let name = w.name.as_str();
+            let set = |gauge: &prometheus::IntGaugeVec, value: Option<u64>| {
+                if let Some(v) = value {
+                    gauge
+                        .with_label_values(&[name])
+                        .set(i64::try_from(v).unwrap_or(i64::MAX));
+                }
+            };
+            set(&self.metrics.worker_memory, w.memory_bytes);
+            set(&self.metrics.worker_residual, w.residual_bytes);
+            set(&self.metrics.worker_soft_cap, w.soft_cap_bytes);
+            set(&self.metrics.tasks_running, Some(w.running_tasks as u64));
+            for (state, health) in [
+                ("healthy", Health::Healthy),
+                ("degraded", Health::Degraded),
+                ("unhealthy", Health::Unhealthy),
+            ] {
+                self.metrics
+                    .worker_health
+                    .with_label_values(&[name, state])
+                    .set(i64::from(w.status == health));
+            }
+        }
+    }
+}
