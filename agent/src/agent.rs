@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::{
     api::{self, AppState},
-    cgroup::{CgroupResolver, MemoryHierarchy},
+    cgroup::MemoryHierarchy,
     config::Config,
     event::{EventBody, EventKind},
     monitor::Monitor,
@@ -46,7 +46,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.workers.clone(),
         config.watchdog.clone(),
         config.rules.clone(),
-        hierarchy.root.clone(),
+        hierarchy,
         Arc::new(SystemReader),
         outbox.clone(),
         metrics.clone(),
@@ -99,7 +99,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let pipeline = tokio::spawn(
         Pipeline {
-            resolver: CgroupResolver::new(hierarchy),
             monitor: monitor.clone(),
             outbox,
             metrics: metrics.clone(),

@@ -103,8 +103,13 @@ impl MemoryHierarchy {
 }
 
 /// Resolves memory cgroup ids (directory inodes) to paths, caching what it
-/// has seen. A miss walks the hierarchy once; ids of cgroups already removed
-/// stay unresolved (the probe issue adds lifecycle tracking for those).
+/// has seen. A miss walks the hierarchy once.
+///
+/// Entries outlive their cgroup: kernfs ids are 64-bit and never reused, so
+/// a cgroup removed right after an OOM kill still resolves to the path it
+/// had, as long as it was seen (by a walk, or by [`CgroupResolver::remember`]
+/// when a task registers it). The cache is bounded: past
+/// [`CgroupResolver::MAX_ENTRIES`] it forgets cgroups that are gone.
 #[derive(Debug)]
 pub struct CgroupResolver {
     hierarchy: MemoryHierarchy,
@@ -112,6 +117,8 @@ pub struct CgroupResolver {
 }
 
 impl CgroupResolver {
+    pub const MAX_ENTRIES: usize = 100_000;
+
     pub fn new(hierarchy: MemoryHierarchy) -> Self {
         Self {
             hierarchy,
@@ -123,20 +130,28 @@ impl CgroupResolver {
         &self.hierarchy
     }
 
-    /// The cgroup's directory, or `None` when no such cgroup exists now.
+    /// The cgroup's directory, or `None` when it was never seen and does
+    /// not exist now.
     pub fn resolve(&mut self, id: u64) -> Option<PathBuf> {
         if let Some(path) = self.by_id.get(&id) {
-            if inode(path) == Some(id) {
-                return Some(path.clone());
-            }
-            // Removed (or removed and its inode reused): forget and rescan.
-            self.by_id.remove(&id);
+            return Some(path.clone());
         }
         self.rescan();
         self.by_id.get(&id).cloned()
     }
 
+    /// Records a cgroup the agent was told about (a task's), so it resolves
+    /// even if it is removed before the next walk.
+    pub fn remember(&mut self, path: &Path) {
+        if let Some(id) = inode(path) {
+            self.by_id.insert(id, path.to_path_buf());
+        }
+    }
+
     fn rescan(&mut self) {
+        if self.by_id.len() > Self::MAX_ENTRIES {
+            self.by_id.retain(|_, path| path.exists());
+        }
         let mut stack = vec![self.hierarchy.root.clone()];
         while let Some(dir) = stack.pop() {
             let Ok(meta) = fs::metadata(&dir) else {
@@ -198,17 +213,32 @@ mod tests {
     }
 
     #[test]
-    fn resolver_finds_directories_by_inode_and_forgets_removed_ones() {
+    fn resolver_finds_directories_by_inode_and_keeps_removed_ones() {
         let dir = tempfile::tempdir().unwrap();
         let child = dir.path().join("a/b");
         fs::create_dir_all(&child).unwrap();
         let id = inode(&child).unwrap();
-        let mut resolver = CgroupResolver::new(MemoryHierarchy {
+        let hierarchy = MemoryHierarchy {
             root: dir.path().into(),
             version: CgroupVersion::V2,
-        });
+        };
+        let mut resolver = CgroupResolver::new(hierarchy.clone());
         assert_eq!(resolver.resolve(id), Some(child.clone()));
         fs::remove_dir(&child).unwrap();
-        assert_eq!(resolver.resolve(id), None);
+        assert_eq!(
+            resolver.resolve(id),
+            Some(child.clone()),
+            "seen before removal"
+        );
+
+        // Told about by a registration, never walked: still resolves once gone.
+        let late = dir.path().join("late");
+        fs::create_dir(&late).unwrap();
+        let late_id = inode(&late).unwrap();
+        let mut fresh = CgroupResolver::new(hierarchy);
+        fresh.remember(&late);
+        fs::remove_dir(&late).unwrap();
+        assert_eq!(fresh.resolve(late_id), Some(late));
+        assert_eq!(fresh.resolve(u64::MAX), None);
     }
 }

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::{
+    cgroup::{CgroupResolver, MemoryHierarchy},
     config::Rule,
     event::EventBody,
     sampler::{self, MemoryReader},
@@ -34,8 +35,9 @@ pub struct Monitor {
     rules: Vec<Rule>,
     /// Cgroup-rule tasks seen, by task id: their directory.
     rule_tasks: Mutex<HashMap<String, PathBuf>>,
-    /// Prefix stripped from a rule-matched cgroup's path to make its task id.
-    cgroup_root: PathBuf,
+    /// Memory cgroup ids → paths, for the OOM pipeline; told about every
+    /// task cgroup so those resolve even once removed.
+    resolver: Mutex<CgroupResolver>,
 }
 
 impl Monitor {
@@ -44,7 +46,7 @@ impl Monitor {
         mut workers: Vec<WorkerSpec>,
         settings: Settings,
         rules: Vec<Rule>,
-        cgroup_root: PathBuf,
+        hierarchy: MemoryHierarchy,
         reader: Arc<dyn MemoryReader>,
         outbox: Outbox,
         metrics: Metrics,
@@ -64,7 +66,7 @@ impl Monitor {
             metrics,
             rules,
             rule_tasks: Mutex::default(),
-            cgroup_root,
+            resolver: Mutex::new(CgroupResolver::new(hierarchy)),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -74,13 +76,23 @@ impl Monitor {
         self.watchdog.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn resolver(&self) -> MutexGuard<'_, CgroupResolver> {
+        self.resolver.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The path of a memory cgroup id (see [`CgroupResolver`]).
+    pub fn resolve_cgroup(&self, id: u64) -> Option<PathBuf> {
+        self.resolver().resolve(id)
+    }
+
     /// Registers a task after reading its worker's memory and its running
     /// tasks'. The task's soft cap defaults to its cgroup's own.
     pub fn register(&self, mut req: TaskRequest) -> Result<Registration, WatchdogError> {
-        if req.soft_cap.is_none()
-            && let Some(MemorySource::Cgroup(path)) = &req.source
-        {
-            req.soft_cap = self.reader.cgroup_soft_cap(path);
+        if let Some(MemorySource::Cgroup(path)) = &req.source {
+            self.resolver().remember(path);
+            if req.soft_cap.is_none() {
+                req.soft_cap = self.reader.cgroup_soft_cap(path);
+            }
         }
         let (worker, mut tasks) = {
             let watchdog = self.lock();
@@ -173,6 +185,7 @@ impl Monitor {
         if self.rules.is_empty() {
             return;
         }
+        let root = self.resolver().hierarchy().root.clone();
         let mut seen = HashMap::new();
         for rule in &self.rules {
             let Ok(paths) = glob::glob(rule.pattern.as_str()) else {
@@ -180,7 +193,7 @@ impl Monitor {
             };
             for path in paths.flatten().filter(|p| p.is_dir()) {
                 let id = path
-                    .strip_prefix(&self.cgroup_root)
+                    .strip_prefix(&root)
                     .unwrap_or(&path)
                     .display()
                     .to_string();

@@ -7,7 +7,6 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
-    cgroup::CgroupResolver,
     event::{EventBody, EventKind, OomDetails},
     monitor::Monitor,
     probe::{OomVictim, ProbeEvent},
@@ -19,7 +18,6 @@ use crate::{
 pub const PROBE_QUEUE: usize = 4096;
 
 pub struct Pipeline {
-    pub resolver: CgroupResolver,
     pub monitor: Arc<Monitor>,
     pub outbox: Outbox,
     pub metrics: Metrics,
@@ -66,7 +64,7 @@ impl Pipeline {
         body.tid = (v.tid != v.pid).then_some(v.tid);
         body.comm = Some(v.comm.clone());
         body.rss_bytes = Some(v.rss_bytes());
-        match v.memcg_id.map(|id| (id, self.resolver.resolve(id))) {
+        match v.memcg_id.map(|id| (id, self.monitor.resolve_cgroup(id))) {
             Some((_, Some(path))) => body.cgroup = Some(path.display().to_string()),
             Some((id, None)) => {
                 warn!(
@@ -130,16 +128,15 @@ mod tests {
             vec![worker],
             Default::default(),
             Vec::new(),
-            root.into(),
+            MemoryHierarchy {
+                root: root.into(),
+                version: CgroupVersion::V1,
+            },
             Arc::new(crate::sampler::fake::FakeReader::default()),
             outbox.clone(),
             metrics.clone(),
         );
         Pipeline {
-            resolver: CgroupResolver::new(MemoryHierarchy {
-                root: root.into(),
-                version: CgroupVersion::V1,
-            }),
             monitor: Arc::new(monitor),
             outbox,
             metrics,

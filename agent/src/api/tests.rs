@@ -35,7 +35,10 @@ fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
         vec![worker],
         Settings::default(),
         Vec::new(),
-        "/cg".into(),
+        crate::cgroup::MemoryHierarchy {
+            root: "/cg".into(),
+            version: crate::cgroup::CgroupVersion::V1,
+        },
         Arc::new(reader),
         outbox.clone(),
         metrics,

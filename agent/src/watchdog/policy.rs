@@ -344,6 +344,20 @@ impl Watchdog {
                 .unwrap_or_default();
             return (Some(task_id), Some(worker), events);
         }
+        // The client may have ended the task (`memwatch exec` saw the kill)
+        // before this record was read: name it, end nothing twice.
+        if let Some(view) = self
+            .finished
+            .iter()
+            .rev()
+            .find(|t| t.source.as_ref().is_some_and(in_cgroup))
+        {
+            return (
+                Some(view.task_id.clone()),
+                Some(view.worker.clone()),
+                Vec::new(),
+            );
+        }
         let worker = self
             .workers
             .values()

@@ -406,3 +406,22 @@ async fn oom_kill_is_attributed_to_the_innermost_task_which_ends_killed() {
         WatchdogError::UnknownTask("zz".into())
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn oom_record_read_after_the_client_ended_the_task_still_names_it() {
+    let mut w = watchdog();
+    w.register(request("t1"), &sample(0, &[]), Instant::now())
+        .unwrap();
+    w.finish("t1", TaskOutcome::OomKilled, Instant::now())
+        .unwrap();
+    let (task, worker, events) = w.attribute_oom(
+        Some(Path::new("/sys/fs/cgroup/memory/w1/t1")),
+        7,
+        Instant::now(),
+    );
+    assert_eq!(
+        (task.as_deref(), worker.as_deref()),
+        (Some("t1"), Some("w1"))
+    );
+    assert!(events.is_empty(), "the task ended once");
+}
