@@ -242,3 +242,106 @@ mod tests {
         assert_eq!(fresh.resolve(u64::MAX), None);
     }
 }
+
+/// A memory cgroup memwatch made (for `memwatch exec`, or a test): killed
+/// and removed by [`OwnedCgroup::remove`] or on drop, whatever happens.
+#[derive(Debug)]
+pub struct OwnedCgroup {
+    path: PathBuf,
+}
+
+impl OwnedCgroup {
+    /// Creates the directory (its parents too).
+    pub fn create(path: PathBuf) -> io::Result<Self> {
+        fs::create_dir_all(&path)?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The kernel's hard limit: v1 `memory.limit_in_bytes` (and the
+    /// memory+swap limit where swap accounting exists, so the cap cannot
+    /// be dodged by swapping), v2 `memory.max` with `memory.swap.max` 0.
+    pub fn set_hard_limit(&self, bytes: u64) -> io::Result<()> {
+        let value = bytes.to_string();
+        if self.path.join("memory.limit_in_bytes").exists() {
+            self.write("memory.limit_in_bytes", &value)?;
+            if self.path.join("memory.memsw.limit_in_bytes").exists() {
+                self.write("memory.memsw.limit_in_bytes", &value)?;
+            }
+        } else {
+            self.write("memory.max", &value)?;
+            if self.path.join("memory.swap.max").exists() {
+                self.write("memory.swap.max", "0")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a control file, with the file named in the error.
+    pub fn write(&self, file: &str, value: &str) -> io::Result<()> {
+        fs::write(self.path.join(file), value).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("writing {value} to {}: {e}", self.path.join(file).display()),
+            )
+        })
+    }
+
+    /// The file a process writes its pid (or `0`, itself) to, to move in.
+    pub fn procs_file(&self) -> PathBuf {
+        self.path.join("cgroup.procs")
+    }
+
+    /// OOM kills the kernel counted in this cgroup.
+    pub fn oom_kills(&self) -> Option<u64> {
+        oom_kill_count(&self.path)
+    }
+
+    /// Kills every process left in it and removes it.
+    pub fn remove(self) -> io::Result<()> {
+        let result = kill_and_remove(&self.path);
+        std::mem::forget(self);
+        result
+    }
+}
+
+impl Drop for OwnedCgroup {
+    fn drop(&mut self) {
+        if let Err(error) = kill_and_remove(&self.path) {
+            tracing::warn!(cgroup = %self.path.display(), %error, "could not remove cgroup");
+        }
+    }
+}
+
+/// The kernel's OOM-kill count for a cgroup: v1 `memory.oom_control`
+/// `oom_kill N`, v2 `memory.events` `oom_kill N`.
+pub fn oom_kill_count(cgroup: &Path) -> Option<u64> {
+    ["memory.oom_control", "memory.events"]
+        .iter()
+        .find_map(|file| {
+            let text = fs::read_to_string(cgroup.join(file)).ok()?;
+            crate::sampler::stat_value(&text, "oom_kill")
+        })
+}
+
+/// SIGKILLs whatever is in the cgroup until it is empty, then removes it.
+/// Bounded: gives up after 5 s with the error.
+pub fn kill_and_remove(path: &Path) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let procs = fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            // SAFETY: kill(2) with a pid the kernel listed in this cgroup.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        match fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if std::time::Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+}

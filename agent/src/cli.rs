@@ -22,8 +22,62 @@ pub struct Cli {
 pub enum Command {
     /// Run the agent in the foreground (needs CAP_BPF and CAP_PERFMON, or root).
     Run(RunArgs),
+    /// Run CMD as a watched task in a fresh memory cgroup, registered with the agent.
+    ///
+    /// Exit status: CMD's own; 128+N when it died of signal N (137 when
+    /// OOM-killed); 75 when the agent rejected the task (its worker is
+    /// unhealthy: place it elsewhere); 69 when the agent could not be asked;
+    /// 71 when the cgroup could not be set up; 126/127 when CMD cannot run.
+    Exec(ExecArgs),
+    /// Human summary of the local agent's health, workers and tasks.
+    Status(StatusArgs),
     /// Print recent events from the local agent, one JSON object per line.
     Events(EventsArgs),
+}
+
+/// Where the agent is, and the token for its mutating routes.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Base URL of the agent's API.
+    #[arg(long, env = "MEMWATCH_AGENT", default_value = "http://127.0.0.1:9750")]
+    pub agent: String,
+    /// Bearer token for the agent's mutating routes (its `api_token`).
+    #[arg(long, env = "MEMWATCH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Read the token from this file instead.
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Soft cap of the task (e.g. 512MiB, 1G): over it, `soft_cap_exceeded`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub soft_cap: Option<u64>,
+    /// Hard cap: the kernel's memory limit of the task's cgroup (no swap beyond it).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub hard_cap: Option<u64>,
+    /// Task id [default: exec-<pid>-<time>].
+    #[arg(long, value_name = "ID")]
+    pub task_id: Option<String>,
+    /// Worker the task runs for [default: the agent's only worker].
+    #[arg(long, value_name = "NAME")]
+    pub worker: Option<String>,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    crate::units::Size::parse(text).map(|s| s.0)
 }
 
 #[derive(Debug, Args)]
@@ -50,9 +104,8 @@ impl RunArgs {
 
 #[derive(Debug, Args)]
 pub struct EventsArgs {
-    /// Base URL of the agent's API.
-    #[arg(long, env = "MEMWATCH_AGENT", default_value = "http://127.0.0.1:9750")]
-    pub agent: String,
+    #[command(flatten)]
+    pub agent: AgentArgs,
     /// Only events with a larger seq.
     #[arg(long, default_value_t = 0)]
     pub after: u64,
@@ -73,6 +126,25 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_takes_sizes_and_a_command() {
+        let cli =
+            Cli::try_parse_from(["memwatch", "exec", "--soft-cap", "64M", "--", "sleep", "1"])
+                .unwrap();
+        let Command::Exec(args) = cli.command else {
+            panic!()
+        };
+        assert_eq!(args.soft_cap, Some(64 << 20));
+        assert_eq!(args.command, ["sleep", "1"]);
+        let err =
+            Cli::try_parse_from(["memwatch", "exec", "--hard-cap", "lots", "--", "x"]).unwrap_err();
+        assert!(err.to_string().contains("`lots` is not a size"), "{err}");
+        assert!(
+            Cli::try_parse_from(["memwatch", "exec"]).is_err(),
+            "a command is required"
+        );
     }
 
     #[test]

@@ -25,6 +25,11 @@ async fn main() -> ExitCode {
             report(memwatch::agent::run(config).await)
         }
         Command::Events(args) => report(memwatch::client::events(&args).await),
+        Command::Status(args) => report(memwatch::status_cmd::status(&args).await),
+        Command::Exec(args) => {
+            memwatch::telemetry::init_logging("warn");
+            ExitCode::from(memwatch::exec::exec(&args).await)
+        }
     }
 }
 

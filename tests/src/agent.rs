@@ -25,6 +25,20 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Starts the agent with this config file text (and the test's own
+    /// `--listen` and `--node-name`), and waits until `/ready` says 200.
+    pub async fn start_with_config(config: &str) -> Agent {
+        let path = std::env::temp_dir().join(format!(
+            "memwatch-test-{}-{}.toml",
+            std::process::id(),
+            free_port()
+        ));
+        fs::write(&path, config).expect("write the test config");
+        let agent = Agent::start(&["--config", path.to_str().expect("UTF-8 temp path")]).await;
+        let _ = fs::remove_file(&path);
+        agent
+    }
+
     /// Starts the agent with `extra` flags and waits until `/ready` says 200.
     pub async fn start(extra: &[&str]) -> Agent {
         let port = free_port();
@@ -96,6 +110,46 @@ impl Agent {
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
         (r.status().as_u16(), r.text().await.expect("body"))
+    }
+
+    pub async fn post(
+        &self,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut req = self.client.post(format!("{}{path}", self.base_url));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let r = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let code = r.status().as_u16();
+        (code, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    /// Polls the events until one matches; panics with the agent's log
+    /// after `timeout`.
+    pub async fn wait_for_event(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Event) -> bool,
+    ) -> Event {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(event) = self.events(0).await.into_iter().find(|e| pred(e)) {
+                return event;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} event within {timeout:?}; events: {:#?}\nlog:\n{}",
+                self.events(0).await,
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub async fn events(&self, after: u64) -> Vec<Event> {

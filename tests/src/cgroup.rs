@@ -1,17 +1,12 @@
 //! Memory cgroups made by a test, removed whatever happens (on drop, also
-//! after a failed assertion).
+//! after a failed assertion): the agent's own [`OwnedCgroup`] with a name.
 
-use std::{
-    fs, io,
-    path::{Path, PathBuf},
-    thread,
-    time::{Duration, Instant},
-};
+use std::{fs, path::Path};
 
-use memwatch::cgroup::MemoryHierarchy;
+use memwatch::cgroup::{MemoryHierarchy, OwnedCgroup};
 
 pub struct TestCgroup {
-    path: PathBuf,
+    inner: OwnedCgroup,
 }
 
 impl TestCgroup {
@@ -22,35 +17,25 @@ impl TestCgroup {
             .root
             .join(format!("memwatch-test-{}-{name}", std::process::id()));
         if path.exists() {
-            remove(&path);
+            memwatch::cgroup::kill_and_remove(&path).expect("remove a stale test cgroup");
         }
-        fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
-        TestCgroup { path }
+        let inner = OwnedCgroup::create(path).expect("create the test cgroup");
+        TestCgroup { inner }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.inner.path()
     }
 
-    /// Writes a control file, e.g. `memory.limit_in_bytes`.
-    pub fn set(&self, file: &str, value: &str) {
-        fs::write(self.path.join(file), value)
-            .unwrap_or_else(|e| panic!("write {value} to {}/{file}: {e}", self.path.display()));
+    pub fn path_str(&self) -> &str {
+        self.path().to_str().expect("UTF-8 cgroup path")
     }
 
-    /// Sets the hard memory limit (v1 `memory.limit_in_bytes`, and the
-    /// memory+swap limit where it exists, so the victim cannot swap; v2 `memory.max`).
+    /// Sets the kernel's hard memory limit (no swap beyond it).
     pub fn limit(&self, bytes: u64) {
-        let v1 = self.path.join("memory.limit_in_bytes");
-        if v1.exists() {
-            self.set("memory.limit_in_bytes", &bytes.to_string());
-            if self.path.join("memory.memsw.limit_in_bytes").exists() {
-                self.set("memory.memsw.limit_in_bytes", &bytes.to_string());
-            }
-        } else {
-            self.set("memory.max", &bytes.to_string());
-            let _ = fs::write(self.path.join("memory.swap.max"), "0");
-        }
+        self.inner
+            .set_hard_limit(bytes)
+            .expect("set the memory limit");
     }
 
     /// A shell line that moves itself into this cgroup and then execs `cmd`,
@@ -58,37 +43,21 @@ impl TestCgroup {
     pub fn exec_line(&self, cmd: &str) -> String {
         format!(
             "echo $$ > {}/cgroup.procs && exec {cmd}",
-            self.path.display()
+            self.path().display()
         )
     }
-}
 
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        remove(&self.path);
+    /// The cgroup's memory usage as the kernel counts it.
+    pub fn usage(&self) -> u64 {
+        memwatch::sampler::cgroup_working_set(self.path()).unwrap_or(0)
     }
-}
 
-/// Kills everything in the cgroup, then removes it (bounded: 5 s).
-fn remove(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let procs = fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+    /// SIGKILLs every process in it (the cgroup stays).
+    pub fn kill_all(&self) {
+        let procs = fs::read_to_string(self.inner.procs_file()).unwrap_or_default();
         for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            // SAFETY: kill(2) with a pid read from the cgroup.
+            // SAFETY: kill(2) with a pid the kernel listed in this cgroup.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        match fs::remove_dir(path) {
-            Ok(()) => return,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
-            Err(e) if Instant::now() > deadline => {
-                eprintln!(
-                    "warning: could not remove test cgroup {}: {e}",
-                    path.display()
-                );
-                return;
-            }
-            Err(_) => thread::sleep(Duration::from_millis(20)),
         }
     }
 }

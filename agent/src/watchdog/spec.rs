@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use serde::Serialize;
 
 /// Where a worker's or a task's memory is read from.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MemorySource {
     /// A memory cgroup directory: its usage minus inactive file cache.
@@ -97,7 +97,7 @@ pub struct TaskRequest {
 }
 
 /// How a task ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum TaskOutcome {
     /// The client said it ended (DELETE), with the exit status when known.

@@ -23,7 +23,7 @@ pub struct TaskState {
 }
 
 /// A task as shown on `/v1/status`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct TaskView {
     pub task_id: String,
     pub worker: String,

@@ -77,11 +77,15 @@ pub struct WorkerState {
 }
 
 /// A worker as shown on `/health` and `/v1/status`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct WorkerView {
     pub name: String,
     pub status: Health,
     pub reasons: Vec<String>,
+    /// The worker's memory cgroup, when it has one (`memwatch exec` puts
+    /// its tasks under it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -272,6 +276,7 @@ impl WorkerState {
             name: self.spec.name.clone(),
             status: self.health,
             reasons,
+            cgroup: self.spec.source.cgroup().map(|p| p.display().to_string()),
             memory_bytes: self.memory,
             residual_bytes: self.residual,
             soft_cap_bytes: self.spec.soft_cap,

@@ -1,0 +1,217 @@
+//! `memwatch exec`: runs a command as a watched task in a fresh memory
+//! cgroup, registered with the local agent, and reports how it ended.
+
+use std::{
+    fs::OpenOptions,
+    io,
+    os::{fd::AsRawFd as _, unix::process::ExitStatusExt as _},
+    path::PathBuf,
+    process::ExitStatus,
+};
+
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::warn;
+
+use crate::{
+    cgroup::{MemoryHierarchy, OwnedCgroup},
+    cli::ExecArgs,
+    client::{AgentClient, Registered},
+};
+
+/// The agent rejected the task: its worker is unhealthy (EX_TEMPFAIL: try
+/// elsewhere).
+pub const EXIT_REJECTED: u8 = 75;
+/// The agent could not be asked, or refused the request (EX_UNAVAILABLE).
+pub const EXIT_AGENT_UNAVAILABLE: u8 = 69;
+/// The task's cgroup could not be made (EX_OSERR).
+pub const EXIT_SETUP: u8 = 71;
+/// As shells do: found but not runnable, and not found.
+pub const EXIT_CANNOT_RUN: u8 = 126;
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+pub async fn exec(args: &ExecArgs) -> u8 {
+    let client = match AgentClient::new(&args.agent) {
+        Ok(client) => client,
+        Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),
+    };
+    let task_id = args.task_id.clone().unwrap_or_else(default_task_id);
+    let parent = match task_parent(&client, args.worker.as_deref()).await {
+        Ok(parent) => parent,
+        Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),
+    };
+    let cgroup = match make_cgroup(parent.join(cgroup_name(&task_id)), args.hard_cap) {
+        Ok(cgroup) => cgroup,
+        Err(error) => {
+            return fail(
+                EXIT_SETUP,
+                anyhow::anyhow!("cannot set up the task's cgroup: {error}"),
+            );
+        }
+    };
+    let registration = serde_json::json!({
+        "task_id": task_id,
+        "worker": args.worker,
+        "cgroup": cgroup.path(),
+        "soft_cap_bytes": args.soft_cap,
+    });
+    match client.register(&registration).await {
+        Ok(Registered::Accepted(answer)) => {
+            if let Some(reason) = answer.reason {
+                eprintln!("memwatch: task {task_id} accepted, flagged: {reason}");
+            }
+        }
+        Ok(Registered::Rejected(answer)) => {
+            eprintln!(
+                "memwatch: task {task_id} rejected by worker {}: {}",
+                answer.worker,
+                answer.reason.unwrap_or_default()
+            );
+            return EXIT_REJECTED;
+        }
+        Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),
+    }
+
+    let (code, oom_killed) = match run_in(&cgroup, &args.command).await {
+        Ok(status) => {
+            let oom_killed =
+                cgroup.oom_kills().unwrap_or(0) > 0 && status.signal() == Some(libc::SIGKILL);
+            (exit_code(status), oom_killed)
+        }
+        Err(error) => {
+            eprintln!("memwatch: cannot run {}: {error}", args.command[0]);
+            let code = match error.kind() {
+                io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                _ => EXIT_CANNOT_RUN,
+            };
+            (code, false)
+        }
+    };
+    if let Err(error) = client
+        .finish(&task_id, Some(i32::from(code)), oom_killed)
+        .await
+    {
+        warn!(%error, task_id, "could not tell the agent the task ended");
+    }
+    if let Err(error) = cgroup.remove() {
+        warn!(%error, "could not remove the task's cgroup");
+    }
+    code
+}
+
+/// Spawns `command` inside the cgroup (it moves itself in before exec, so
+/// not one page is charged elsewhere) and waits, passing on SIGINT,
+/// SIGTERM and SIGHUP.
+async fn run_in(cgroup: &OwnedCgroup, command: &[String]) -> io::Result<ExitStatus> {
+    let procs = OpenOptions::new().write(true).open(cgroup.procs_file())?;
+    let procs_fd = procs.as_raw_fd();
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    // SAFETY: between fork and exec only write(2), which is
+    // async-signal-safe, on an fd opened before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    drop(procs);
+    let pid = child.id().map(|p| p as i32);
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        let forward = tokio::select! {
+            status = child.wait() => return status,
+            _ = term.recv() => libc::SIGTERM,
+            _ = int.recv() => libc::SIGINT,
+            _ = hup.recv() => libc::SIGHUP,
+        };
+        if let Some(pid) = pid {
+            // SAFETY: kill(2) to our own child.
+            unsafe { libc::kill(pid, forward) };
+        }
+    }
+}
+
+/// CMD's own status; 128+N for death by signal N (137 for an OOM kill).
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(255),
+        (None, None) => 1,
+    }
+}
+
+/// The worker's cgroup when it has one (tasks must be inside it for the
+/// residual memory to add up), else `<memory root>/memwatch`.
+async fn task_parent(client: &AgentClient, worker: Option<&str>) -> anyhow::Result<PathBuf> {
+    let status: serde_json::Value = client.get("/v1/status").await?;
+    let workers = status["workers"].as_array().cloned().unwrap_or_default();
+    let chosen = match worker {
+        Some(name) => workers.iter().find(|w| w["name"] == name),
+        None if workers.len() == 1 => workers.first(),
+        None => None,
+    };
+    if let Some(cgroup) = chosen.and_then(|w| w["cgroup"].as_str()) {
+        return Ok(PathBuf::from(cgroup));
+    }
+    let hierarchy = MemoryHierarchy::discover()?;
+    Ok(hierarchy.root.join("memwatch"))
+}
+
+fn make_cgroup(path: PathBuf, hard_cap: Option<u64>) -> io::Result<OwnedCgroup> {
+    let cgroup = OwnedCgroup::create(path)?;
+    if let Some(bytes) = hard_cap {
+        cgroup.set_hard_limit(bytes)?;
+    }
+    Ok(cgroup)
+}
+
+/// A directory name for a task id: path separators and dots made safe.
+fn cgroup_name(task_id: &str) -> String {
+    let name: String = task_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("task-{name}")
+}
+
+fn default_task_id() -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("exec-{}-{millis}", std::process::id())
+}
+
+fn fail(code: u8, error: anyhow::Error) -> u8 {
+    eprintln!("memwatch: {error:#}");
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_names_cannot_escape_their_parent() {
+        assert_eq!(cgroup_name("../../etc"), "task-______etc");
+        assert_eq!(cgroup_name("job-7_a"), "task-job-7_a");
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGTERM)), 143);
+    }
+}

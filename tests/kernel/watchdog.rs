@@ -1,0 +1,304 @@
+//! Kernel tests of the watchdog: real cgroups, real memory, the real agent
+//! and `memwatch exec`. Root only; never skipped in CI.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use memwatch::event::{Event, EventKind};
+use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, workspace_bin};
+
+const MIB: u64 = 1 << 20;
+
+/// A memhog process, killed and reaped on drop.
+struct Hog(Child);
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `memhog MIB 120` inside `cgroup` and waits until the cgroup holds
+/// at least `MIB - 10` MiB (bounded).
+fn hog_in(cgroup: &TestCgroup, mib: u64) -> Hog {
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(cgroup.exec_line(&format!("{} {mib} 120", workspace_bin("memhog").display())))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn memhog");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cgroup.usage() < (mib - 10) * MIB {
+        assert!(
+            Instant::now() < deadline,
+            "memhog did not reach {mib} MiB: {}",
+            cgroup.usage()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Hog(child)
+}
+
+fn kinds(events: &[Event]) -> Vec<EventKind> {
+    events.iter().map(|e| e.body.kind).collect()
+}
+
+/// `memwatch exec` against `agent`, with its exit code and stderr.
+fn exec(agent: &Agent, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(workspace_bin("memwatch"))
+        .arg("exec")
+        .args(["--agent", &agent.base_url])
+        .args(args)
+        .output()
+        .expect("run memwatch exec");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn leftover_memory_rejects_a_task_until_an_operator_resets_the_worker() {
+    if !kernel_tests_enabled("leftover_memory_rejects_a_task_until_an_operator_resets_the_worker") {
+        return;
+    }
+    let worker = TestCgroup::create("scoot");
+    let _leftover = hog_in(&worker, 300);
+    let agent = Agent::start_with_config(&format!(
+        "[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\nsoft_cap = \"200MiB\"\n",
+        worker.path_str()
+    ))
+    .await;
+
+    let (code, answer) = agent
+        .post(
+            "/v1/tasks",
+            Some(serde_json::json!({"task_id": "t-a", "worker": "w1"})),
+        )
+        .await;
+    assert_eq!(code, 409, "{answer}");
+    assert_eq!(answer["verdict"], "rejected");
+    let reason = answer["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("residual memory") && reason.contains("soft cap 200.0 MiB"),
+        "{reason}"
+    );
+
+    let (code, health) = agent.get("/health").await;
+    assert_eq!(code, 503, "{health}");
+    assert!(health.contains("residual memory"), "{health}");
+    // (The sampling loop may already have reported the worker over its cap.)
+    let events: Vec<Event> = agent
+        .events(0)
+        .await
+        .into_iter()
+        .filter(|e| {
+            matches!(
+                e.body.kind,
+                EventKind::WorkerUnhealthy | EventKind::TaskRejected
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds(&events),
+        [EventKind::WorkerUnhealthy, EventKind::TaskRejected],
+        "{events:#?}"
+    );
+    assert_eq!(events[1].body.task_id.as_deref(), Some("t-a"));
+
+    let (code, _) = agent.post("/v1/workers/w1/reset", None).await;
+    assert_eq!(code, 200);
+    let (code, health) = agent.get("/health").await;
+    assert_eq!(code, 200, "{health}");
+    agent
+        .wait_for_event(Duration::from_secs(1), "worker_recovered", |e| {
+            e.body.kind == EventKind::WorkerRecovered
+                && e.body.reason.as_deref() == Some("operator reset")
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn exec_task_growing_past_its_soft_cap_is_reported_with_its_task_id() {
+    if !kernel_tests_enabled("exec_task_growing_past_its_soft_cap_is_reported_with_its_task_id") {
+        return;
+    }
+    let agent = Agent::start_with_config("sample_interval = \"100ms\"\n").await;
+    let memhog = workspace_bin("memhog");
+    let (code, stderr) = exec(
+        &agent,
+        &[
+            "--soft-cap",
+            "64M",
+            "--task-id",
+            "t-b",
+            "--",
+            memhog.to_str().unwrap(),
+            "128",
+            "2",
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let crossing = agent
+        .wait_for_event(Duration::from_secs(2), "soft_cap_exceeded", |e| {
+            e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-b")
+        })
+        .await;
+    assert_eq!(crossing.body.soft_cap_bytes, Some(64 * MIB));
+    assert!(crossing.body.rss_bytes.unwrap() > 64 * MIB, "{crossing:?}");
+    assert!(crossing.body.growth_bytes_per_sec.is_some());
+    assert!(
+        crossing
+            .body
+            .cgroup
+            .as_deref()
+            .unwrap()
+            .ends_with("/memwatch/task-t-b"),
+        "{crossing:?}"
+    );
+    let ended = agent
+        .wait_for_event(Duration::from_secs(1), "task_finished", |e| {
+            e.body.kind == EventKind::TaskFinished && e.body.task_id.as_deref() == Some("t-b")
+        })
+        .await;
+    assert_eq!(
+        ended.body.reason.as_deref(),
+        Some("ended with exit status 0")
+    );
+}
+
+#[tokio::test]
+async fn exec_task_killed_by_its_hard_cap_exits_137_with_an_oom_kill_event() {
+    if !kernel_tests_enabled("exec_task_killed_by_its_hard_cap_exits_137_with_an_oom_kill_event") {
+        return;
+    }
+    let agent = Agent::start(&[]).await;
+    let memhog = workspace_bin("memhog");
+    let started = Instant::now();
+    let (code, stderr) = exec(
+        &agent,
+        &[
+            "--hard-cap",
+            "64M",
+            "--task-id",
+            "t-c",
+            "--",
+            memhog.to_str().unwrap(),
+            "200",
+            "30",
+        ],
+    );
+    assert_eq!(code, Some(137), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let kill = agent
+        .wait_for_event(Duration::from_secs(1), "oom_kill", |e| {
+            e.body.kind == EventKind::OomKill
+        })
+        .await;
+    assert_eq!(kill.body.task_id.as_deref(), Some("t-c"), "{kill:?}");
+    assert_eq!(kill.body.worker.as_deref(), Some("host"));
+    assert_eq!(kill.body.comm.as_deref(), Some("memhog"));
+    let ended = agent
+        .wait_for_event(Duration::from_secs(1), "task_finished", |e| {
+            e.body.kind == EventKind::TaskFinished && e.body.task_id.as_deref() == Some("t-c")
+        })
+        .await;
+    assert_eq!(ended.body.reason.as_deref(), Some("OOM-killed"));
+    assert!(
+        ended.seq > kill.seq,
+        "the task ends after the kill that ended it"
+    );
+}
+
+#[tokio::test]
+async fn rejected_exec_exits_75_without_running_the_command() {
+    if !kernel_tests_enabled("rejected_exec_exits_75_without_running_the_command") {
+        return;
+    }
+    let worker = TestCgroup::create("reject");
+    let _leftover = hog_in(&worker, 100);
+    let agent = Agent::start_with_config(&format!(
+        "[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\nsoft_cap = \"50MiB\"\n",
+        worker.path_str()
+    ))
+    .await;
+    let marker = std::env::temp_dir().join(format!("memwatch-test-ran-{}", std::process::id()));
+    let (code, stderr) = exec(
+        &agent,
+        &["--task-id", "t-r", "--", "touch", marker.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(75), "{stderr}");
+    assert!(stderr.contains("rejected by worker w1"), "{stderr}");
+    assert!(!marker.exists(), "the command must not run");
+    // The task's cgroup was made under the worker's and removed again.
+    assert!(!worker.path().join("task-t-r").exists());
+}
+
+#[tokio::test]
+async fn worker_stuck_above_its_cap_turns_unhealthy_then_recovers_after_release() {
+    if !kernel_tests_enabled(
+        "worker_stuck_above_its_cap_turns_unhealthy_then_recovers_after_release",
+    ) {
+        return;
+    }
+    let worker = TestCgroup::create("stuck");
+    let agent = Agent::start_with_config(&format!(
+        "sample_interval = \"100ms\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\nsoft_cap = \"100MiB\"\n\
+         unhealthy_after = \"2s\"\nrecover_after = \"2s\"\n",
+        worker.path_str()
+    ))
+    .await;
+    let _hog = hog_in(&worker, 150);
+
+    let crossed = agent
+        .wait_for_event(Duration::from_secs(5), "soft_cap_exceeded", |e| {
+            e.body.kind == EventKind::SoftCapExceeded && e.body.worker.as_deref() == Some("w1")
+        })
+        .await;
+    let (code, _) = agent.get("/health").await;
+    assert_eq!(code, 200, "degraded, not yet unhealthy");
+    let unhealthy = agent
+        .wait_for_event(Duration::from_secs(10), "worker_unhealthy", |e| {
+            e.body.kind == EventKind::WorkerUnhealthy
+        })
+        .await;
+    assert!(
+        unhealthy
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("unmanaged memory"),
+        "{unhealthy:?}"
+    );
+    let waited = (unhealthy.time - crossed.time).to_std().unwrap();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "unhealthy after {waited:?}, before unhealthy_after"
+    );
+    let (code, health) = agent.get("/health").await;
+    assert_eq!(code, 503, "{health}");
+
+    worker.kill_all();
+    let released = chrono::Utc::now();
+    let recovered = agent
+        .wait_for_event(Duration::from_secs(10), "worker_recovered", |e| {
+            e.body.kind == EventKind::WorkerRecovered
+        })
+        .await;
+    let waited = (recovered.time - released).to_std().unwrap_or_default();
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "recovered after {waited:?}, before recover_after"
+    );
+    let (code, health) = agent.get("/health").await;
+    assert_eq!(code, 200, "{health}");
+    println!(
+        "stuck worker: unhealthy {:.1}s after crossing its cap; recovered {:.1}s after release",
+        (unhealthy.time - crossed.time).as_seconds_f64(),
+        waited.as_secs_f64()
+    );
+}
