@@ -255,3 +255,112 @@ impl Monitor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, time::Duration};
+
+    use super::*;
+    use crate::{cgroup::CgroupVersion, event::EventKind, sampler::fake::FakeReader};
+
+    const MIB: u64 = 1 << 20;
+
+    fn monitor(root: &Path, reader: FakeReader, rules: Vec<Rule>) -> (Monitor, Outbox) {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h", 100, metrics.clone());
+        let worker = WorkerSpec {
+            name: "w1".into(),
+            source: MemorySource::Cgroup(root.into()),
+            soft_cap: None,
+            unhealthy_after: Duration::from_secs(60),
+            recover_after: Duration::from_secs(30),
+        };
+        let hierarchy = MemoryHierarchy {
+            root: root.into(),
+            version: CgroupVersion::V1,
+        };
+        let m = Monitor::new(
+            vec![worker],
+            Settings::default(),
+            rules,
+            hierarchy,
+            Arc::new(reader),
+            outbox.clone(),
+            metrics,
+        );
+        (m, outbox)
+    }
+
+    fn kinds(outbox: &Outbox) -> Vec<EventKind> {
+        outbox.read(0, 100).iter().map(|e| e.body.kind).collect()
+    }
+
+    #[tokio::test]
+    async fn soft_caps_default_to_the_cgroups_own() {
+        let root = tempfile::tempdir().unwrap();
+        let task_cg = root.path().join("t1");
+        fs::create_dir(&task_cg).unwrap();
+        let reader = FakeReader::default();
+        reader
+            .caps
+            .lock()
+            .unwrap()
+            .insert(root.path().into(), 200 * MIB);
+        reader
+            .caps
+            .lock()
+            .unwrap()
+            .insert(task_cg.clone(), 64 * MIB);
+        let (m, outbox) = monitor(root.path(), reader, Vec::new());
+        assert_eq!(
+            m.workers()[0].soft_cap_bytes,
+            Some(200 * MIB),
+            "worker cap from its cgroup"
+        );
+        m.register(TaskRequest {
+            task_id: "t1".into(),
+            worker: None,
+            source: Some(MemorySource::Cgroup(task_cg)),
+            soft_cap: None,
+        })
+        .unwrap();
+        assert_eq!(
+            m.tasks()[0].soft_cap_bytes,
+            Some(64 * MIB),
+            "task cap from its cgroup"
+        );
+        assert_eq!(outbox.read(0, 1)[0].body.soft_cap_bytes, Some(64 * MIB));
+    }
+
+    #[tokio::test]
+    async fn cgroups_matching_a_rule_become_tasks_and_end_when_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let rule = Rule {
+            worker: "w1".into(),
+            pattern: glob::Pattern::new(&format!("{}/job_*", root.path().display())).unwrap(),
+            soft_cap: Some(32 * MIB),
+        };
+        let reader = FakeReader::default();
+        reader.set(MemorySource::Cgroup(root.path().into()), 10 * MIB);
+        let (m, outbox) = monitor(root.path(), reader, vec![rule]);
+        fs::create_dir(root.path().join("job_1")).unwrap();
+        fs::create_dir(root.path().join("other")).unwrap();
+        m.tick();
+        let tasks = m.tasks();
+        assert_eq!(tasks.len(), 1, "{tasks:?}");
+        assert_eq!(tasks[0].task_id, "job_1");
+        assert_eq!(tasks[0].soft_cap_bytes, Some(32 * MIB));
+        m.tick();
+        assert_eq!(kinds(&outbox), [EventKind::TaskStarted], "seen once");
+
+        fs::remove_dir(root.path().join("job_1")).unwrap();
+        m.tick();
+        assert!(m.tasks().is_empty());
+        let events = outbox.read(0, 100);
+        assert_eq!(
+            kinds(&outbox),
+            [EventKind::TaskStarted, EventKind::TaskFinished]
+        );
+        assert_eq!(events[1].body.reason.as_deref(), Some("cgroup removed"));
+    }
+}

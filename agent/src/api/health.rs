@@ -2,7 +2,7 @@
 
 use axum::{
     Json,
-    extract::{Query, State},
+    extract::{Query, State, rejection::QueryRejection},
     http::StatusCode,
 };
 use serde::{Deserialize, Serialize};
@@ -35,8 +35,9 @@ pub struct HealthQuery {
 /// as the events say.
 pub async fn health(
     State(state): State<AppState>,
-    Query(query): Query<HealthQuery>,
+    query: Result<Query<HealthQuery>, QueryRejection>,
 ) -> Result<(StatusCode, Json<HealthBody>), ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let mut workers = state.monitor.workers();
     if let Some(name) = &query.worker {
         workers.retain(|w| &w.name == name);

@@ -129,6 +129,7 @@ async fn bad_event_queries_are_400_with_a_message() {
         "/v1/events?limit=0",
         "/v1/events?limit=100000",
         "/v1/events?bogus=1",
+        "/health?bogus=1",
     ] {
         let (code, body) = get(&state, uri).await;
         assert_eq!(code, StatusCode::BAD_REQUEST, "{uri}");
