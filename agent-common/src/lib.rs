@@ -13,12 +13,73 @@ pub mod maps {
     pub const PROBE_COUNTERS: &str = "PROBE_COUNTERS";
 }
 
-/// Program names (the Rust function names in agent-ebpf).
+/// Program names (the Rust function names in agent-ebpf): each attach
+/// point has a `tp_btf` program and a raw-tracepoint twin for kernels that
+/// refuse `tp_btf`.
 pub mod programs {
-    /// `tp_btf` on `oom/mark_victim`.
-    pub const OOM_MARK_VICTIM_BTF: &str = "oom_mark_victim_btf";
-    /// Raw tracepoint on `mark_victim`, for kernels that refuse `tp_btf`.
-    pub const OOM_MARK_VICTIM_RAW: &str = "oom_mark_victim_raw";
+    /// A tracepoint and its two programs.
+    #[derive(Clone, Copy, Debug)]
+    pub struct AttachPoint {
+        pub tracepoint: &'static str,
+        pub btf: &'static str,
+        pub raw: &'static str,
+    }
+
+    pub const OOM_MARK_VICTIM: AttachPoint = AttachPoint {
+        tracepoint: "mark_victim",
+        btf: "oom_mark_victim_btf",
+        raw: "oom_mark_victim_raw",
+    };
+    pub const CGROUP_MKDIR: AttachPoint = AttachPoint {
+        tracepoint: "cgroup_mkdir",
+        btf: "cgroup_mkdir_btf",
+        raw: "cgroup_mkdir_raw",
+    };
+    pub const CGROUP_RMDIR: AttachPoint = AttachPoint {
+        tracepoint: "cgroup_rmdir",
+        btf: "cgroup_rmdir_btf",
+        raw: "cgroup_rmdir_raw",
+    };
+    pub const ALL: [AttachPoint; 3] = [OOM_MARK_VICTIM, CGROUP_MKDIR, CGROUP_RMDIR];
+}
+
+/// What a ring-buffer record is: the first `u32` of every record.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    OomVictim = 1,
+    CgroupMkdir = 2,
+    CgroupRmdir = 3,
+}
+
+impl RecordKind {
+    pub fn from_u32(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(Self::OomVictim),
+            2 => Some(Self::CgroupMkdir),
+            3 => Some(Self::CgroupRmdir),
+            _ => None,
+        }
+    }
+}
+
+/// Longest cgroup path carried (relative to its hierarchy's root).
+pub const CGROUP_PATH_LEN: usize = 256;
+
+/// A cgroup made or removed, in any hierarchy (user space keeps those of
+/// the memory hierarchy).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CgroupRecord {
+    /// [`RecordKind::CgroupMkdir`] or [`RecordKind::CgroupRmdir`].
+    pub kind: u32,
+    /// Depth below the hierarchy's root.
+    pub level: u32,
+    /// kernfs id (= directory inode).
+    pub id: u64,
+    pub boot_time_ns: u64,
+    /// NUL-terminated path relative to the hierarchy's root, e.g. `/a/b`.
+    pub path: [u8; CGROUP_PATH_LEN],
 }
 
 /// Name of the global holding [`KernelOffsets`] in the eBPF object.
@@ -28,7 +89,8 @@ pub const OFFSETS_GLOBAL: &str = "OFFSETS";
 pub const COMM_LEN: usize = 16;
 
 /// Ring buffer size in bytes (a power of two, a multiple of the page size).
-/// An OOM record is 88 bytes: 256 KiB holds ~2,900 of them unread.
+/// An OOM record is 88 bytes plus an 8-byte header: 256 KiB holds ~2,700
+/// of them unread.
 pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
 
 /// Counters the programs keep in [`maps::PROBE_COUNTERS`].
@@ -65,6 +127,7 @@ pub struct KernelOffsets {
     pub css_set_subsys: u32,
     pub css_cgroup: u32,
     pub cgroup_kn: u32,
+    pub cgroup_level: u32,
     pub kernfs_node_id: u32,
     pub mm_total_vm: u32,
     /// Start of the per-mm RSS counters (`mm_struct::rss_stat`, and inside it
@@ -82,6 +145,8 @@ pub struct KernelOffsets {
     /// Non-zero once user space has filled this in; the programs do nothing
     /// before, so a mis-loaded object cannot read garbage.
     pub valid: u32,
+    /// Keeps the size a multiple of 8.
+    pub _reserved: u32,
 }
 
 /// One OOM victim, as the kernel saw it when `mark_victim` fired.
@@ -90,6 +155,10 @@ pub struct KernelOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OomVictimEvent {
+    /// [`RecordKind::OomVictim`].
+    pub kind: u32,
+    /// Bits of [`OomVictimEvent::FLAG_NO_MM`] and friends.
+    pub flags: u32,
     /// `bpf_ktime_get_boot_ns()` when the victim was marked.
     pub boot_time_ns: u64,
     /// kernfs id (= directory inode) of the victim's memory cgroup: the v1
@@ -106,8 +175,8 @@ pub struct OomVictimEvent {
     pub tgid: u32,
     /// Process whose allocation triggered the OOM (the current task).
     pub trigger_tgid: u32,
-    /// Bits of [`OomVictimEvent::FLAG_NO_MM`] and friends.
-    pub flags: u32,
+    /// Keeps the layout free of implicit padding.
+    pub _reserved: u32,
     pub comm: [u8; COMM_LEN],
 }
 
@@ -126,6 +195,7 @@ mod user {
     // padding (checked by the layout tests below): every bit pattern is valid.
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::OomVictimEvent {}
+    unsafe impl aya::Pod for super::CgroupRecord {}
 }
 
 #[cfg(test)]
@@ -136,14 +206,36 @@ mod tests {
 
     #[test]
     fn oom_victim_event_layout_has_no_padding() {
-        assert_eq!(size_of::<OomVictimEvent>(), 6 * 8 + 4 * 4 + COMM_LEN);
-        assert_eq!(offset_of!(OomVictimEvent, pid), 48);
-        assert_eq!(offset_of!(OomVictimEvent, comm), 64);
+        assert_eq!(
+            size_of::<OomVictimEvent>(),
+            2 * 4 + 6 * 8 + 4 * 4 + COMM_LEN
+        );
+        assert_eq!(offset_of!(OomVictimEvent, boot_time_ns), 8);
+        assert_eq!(offset_of!(OomVictimEvent, pid), 56);
+        assert_eq!(offset_of!(OomVictimEvent, comm), 72);
+    }
+
+    #[test]
+    fn cgroup_record_layout_has_no_padding() {
+        assert_eq!(size_of::<CgroupRecord>(), 4 + 4 + 8 + 8 + CGROUP_PATH_LEN);
+        assert_eq!(offset_of!(CgroupRecord, path), 24);
     }
 
     #[test]
     fn kernel_offsets_layout_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 18 * 4);
-        assert_eq!(offset_of!(KernelOffsets, valid), 17 * 4);
+        assert_eq!(size_of::<KernelOffsets>(), 20 * 4);
+        assert_eq!(offset_of!(KernelOffsets, valid), 18 * 4);
+    }
+
+    #[test]
+    fn record_kinds_round_trip() {
+        for kind in [
+            RecordKind::OomVictim,
+            RecordKind::CgroupMkdir,
+            RecordKind::CgroupRmdir,
+        ] {
+            assert_eq!(RecordKind::from_u32(kind as u32), Some(kind));
+        }
+        assert_eq!(RecordKind::from_u32(0), None);
     }
 }

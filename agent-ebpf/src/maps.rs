@@ -18,6 +18,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     css_set_subsys: 0,
     css_cgroup: 0,
     cgroup_kn: 0,
+    cgroup_level: 0,
     kernfs_node_id: 0,
     mm_total_vm: 0,
     mm_rss_base: 0,
@@ -28,6 +29,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     mm_anonpages: 0,
     mm_shmempages: 0,
     valid: 0,
+    _reserved: 0,
 });
 
 #[map(name = "EVENTS")]
@@ -35,6 +37,16 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 #[map(name = "PROBE_COUNTERS")]
 pub static PROBE_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ProbeCounter::COUNT, 0);
+
+/// Reads a `T` at `base + offset` in kernel memory.
+#[inline(always)]
+pub fn read<T>(base: *const u8, offset: u32) -> Result<T, i32> {
+    // SAFETY: bpf_probe_read_kernel validates the address; a bad one yields
+    // an error, never a fault.
+    unsafe {
+        aya_ebpf::helpers::bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T)
+    }
+}
 
 /// Adds one to a probe counter on this CPU (per-CPU: no atomics needed).
 #[inline(always)]

@@ -140,6 +140,28 @@ impl CgroupResolver {
         self.by_id.get(&id).cloned()
     }
 
+    /// Whether the id was seen (the cgroup may be gone since).
+    pub fn knows(&self, id: u64) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    /// Learns a cgroup the kernel just made (from the cgroup_mkdir probe):
+    /// `relative` is its path below the hierarchy's root. Kept only when
+    /// that directory of the memory hierarchy has this id (the same name
+    /// may exist in other hierarchies). Returns its full path then.
+    pub fn learn(&mut self, id: u64, relative: &str) -> Option<PathBuf> {
+        let path = self.hierarchy.root.join(relative.trim_start_matches('/'));
+        (inode(&path) == Some(id)).then(|| {
+            self.by_id.insert(id, path.clone());
+            path
+        })
+    }
+
+    /// The path an id had, without walking (for removed cgroups).
+    pub fn known_path(&self, id: u64) -> Option<&Path> {
+        self.by_id.get(&id).map(PathBuf::as_path)
+    }
+
     /// Records a cgroup the agent was told about (a task's), so it resolves
     /// even if it is removed before the next walk.
     pub fn remember(&mut self, path: &Path) {
@@ -235,11 +257,26 @@ mod tests {
         let late = dir.path().join("late");
         fs::create_dir(&late).unwrap();
         let late_id = inode(&late).unwrap();
-        let mut fresh = CgroupResolver::new(hierarchy);
+        let mut fresh = CgroupResolver::new(hierarchy.clone());
         fresh.remember(&late);
         fs::remove_dir(&late).unwrap();
         assert_eq!(fresh.resolve(late_id), Some(late));
         assert_eq!(fresh.resolve(u64::MAX), None);
+
+        // Learned from the mkdir probe: kept only when the id matches.
+        let made = dir.path().join("made");
+        fs::create_dir(&made).unwrap();
+        let made_id = inode(&made).unwrap();
+        let mut learner = CgroupResolver::new(hierarchy);
+        assert_eq!(
+            learner.learn(made_id + 1, "/made"),
+            None,
+            "another hierarchy's cgroup"
+        );
+        assert_eq!(learner.learn(made_id, "/made"), Some(made.clone()));
+        assert!(learner.knows(made_id));
+        fs::remove_dir(&made).unwrap();
+        assert_eq!(learner.known_path(made_id), Some(made.as_path()));
     }
 }
 

@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod event;
 pub mod exec;
+pub mod limits;
 pub mod monitor;
 pub mod pipeline;
 pub mod probe;

@@ -15,6 +15,7 @@ use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
     config::Rule,
     event::EventBody,
+    probe::CgroupChange,
     sampler::{self, MemoryReader},
     shipper::outbox::Outbox,
     telemetry::Metrics,
@@ -78,6 +79,11 @@ impl Monitor {
 
     fn resolver(&self) -> MutexGuard<'_, CgroupResolver> {
         self.resolver.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Mount point of the memory hierarchy.
+    pub fn cgroup_root(&self) -> PathBuf {
+        self.resolver().hierarchy().root.clone()
     }
 
     /// The path of a memory cgroup id (see [`CgroupResolver`]).
@@ -178,6 +184,32 @@ impl Monitor {
 
     pub fn finished_tasks(&self) -> Vec<TaskView> {
         self.lock().finished_tasks().cloned().collect()
+    }
+
+    /// A cgroup made or removed (from the probe): learn its path at once,
+    /// and start or end the rule task it is, without waiting for a tick.
+    pub fn cgroup_changed(&self, change: &CgroupChange) {
+        if change.removed {
+            let gone = self.resolver().known_path(change.id).map(Path::to_path_buf);
+            let Some(path) = gone else { return };
+            let mut known = self.rule_tasks.lock().unwrap_or_else(|e| e.into_inner());
+            let ids: Vec<String> = known
+                .iter()
+                .filter(|(_, p)| **p == path)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in ids {
+                known.remove(&id);
+                let _ = self.finish(&id, TaskOutcome::CgroupRemoved);
+            }
+            return;
+        }
+        let learned = self.resolver().learn(change.id, &change.path);
+        if let Some(path) = learned
+            && self.rules.iter().any(|r| r.pattern.matches_path(&path))
+        {
+            self.scan_rules();
+        }
     }
 
     /// New cgroups matching a rule become tasks; vanished ones end.

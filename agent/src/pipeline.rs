@@ -33,6 +33,7 @@ impl Pipeline {
 
     pub fn handle(&mut self, event: ProbeEvent) {
         match event {
+            ProbeEvent::Cgroup(change) => self.monitor.cgroup_changed(&change),
             ProbeEvent::OomVictim(victim) => {
                 let mut body = self.oom_kill(&victim);
                 let (task_id, worker, task_ended) = self
@@ -65,7 +66,13 @@ impl Pipeline {
         body.comm = Some(v.comm.clone());
         body.rss_bytes = Some(v.rss_bytes());
         match v.memcg_id.map(|id| (id, self.monitor.resolve_cgroup(id))) {
-            Some((_, Some(path))) => body.cgroup = Some(path.display().to_string()),
+            Some((_, Some(path))) => {
+                let (constraint, limit) =
+                    crate::limits::oom_limit(&path, &self.monitor.cgroup_root());
+                body.constraint = Some(constraint);
+                body.limit_cgroup = limit.map(|p| p.display().to_string());
+                body.cgroup = Some(path.display().to_string());
+            }
             Some((id, None)) => {
                 warn!(
                     memcg_id = id,

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::event::{Event, EventKind};
+use memwatch::event::{Event, EventKind, OomConstraint};
 use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, workspace_bin};
 
 const MIB: u64 = 1 << 20;
@@ -75,6 +75,8 @@ async fn oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup() {
         Some(cgroup.path().to_str().unwrap())
     );
     assert_eq!(event.host, "test-node");
+    assert_eq!(event.body.constraint, Some(OomConstraint::Cgroup));
+    assert_eq!(event.body.limit_cgroup.as_deref(), Some(cgroup.path_str()));
     let rss = event.body.rss_bytes.expect("rss_bytes");
     assert!(
         (32 * MIB..=80 * MIB).contains(&rss),
@@ -154,5 +156,85 @@ async fn without_bpf_capabilities_run_names_the_missing_capability() {
     assert!(
         stderr.contains("missing capability CAP_BPF, CAP_PERFMON"),
         "error must name the capabilities: {stderr}"
+    );
+}
+
+/// Runs `memhog 200` in `cgroup` and waits for it to die (bounded).
+fn oom_in(cgroup_line: String) -> (u32, std::process::ExitStatus) {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(cgroup_line)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn memhog");
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait memhog") {
+            return (pid, status);
+        }
+        assert!(Instant::now() < deadline, "memhog was not OOM-killed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[tokio::test]
+async fn nested_oom_names_the_parent_whose_limit_was_hit() {
+    if !kernel_tests_enabled("nested_oom_names_the_parent_whose_limit_was_hit") {
+        return;
+    }
+    let agent = Agent::start(&[]).await;
+    let parent = TestCgroup::create("parent");
+    parent.limit(64 * MIB);
+    let child =
+        memwatch::cgroup::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
+    let line = format!(
+        "echo $$ > {}/cgroup.procs && exec {} 200 30",
+        child.path().display(),
+        workspace_bin("memhog").display()
+    );
+    let (pid, _) = oom_in(line);
+    let (event, _) = wait_for_event(&agent, Duration::from_secs(2), |e| {
+        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no oom_kill for {pid}; log:\n{}", agent.log_text()));
+    assert_eq!(
+        event.body.cgroup.as_deref(),
+        child.path().to_str(),
+        "the victim's own cgroup"
+    );
+    assert_eq!(
+        event.body.limit_cgroup.as_deref(),
+        Some(parent.path_str()),
+        "the limit hit"
+    );
+    assert_eq!(event.body.constraint, Some(OomConstraint::Cgroup));
+    drop(child);
+}
+
+#[tokio::test]
+async fn cgroup_removed_right_after_its_oom_still_resolves_to_its_path() {
+    if !kernel_tests_enabled("cgroup_removed_right_after_its_oom_still_resolves_to_its_path") {
+        return;
+    }
+    let agent = Agent::start(&[]).await;
+    // Made after the agent started: only the cgroup_mkdir probe can have told it.
+    let cgroup = TestCgroup::create("shortlived");
+    cgroup.limit(64 * MIB);
+    let path = cgroup.path_str().to_string();
+    let (pid, _) =
+        oom_in(cgroup.exec_line(&format!("{} 200 30", workspace_bin("memhog").display())));
+    drop(cgroup); // rmdir at once
+    assert!(!std::path::Path::new(&path).exists());
+    let (event, _) = wait_for_event(&agent, Duration::from_secs(2), |e| {
+        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no oom_kill for {pid}; log:\n{}", agent.log_text()));
+    assert_eq!(
+        event.body.cgroup.as_deref(),
+        Some(path.as_str()),
+        "{event:?}"
     );
 }

@@ -302,3 +302,46 @@ async fn worker_stuck_above_its_cap_turns_unhealthy_then_recovers_after_release(
         waited.as_secs_f64()
     );
 }
+
+#[tokio::test]
+async fn a_cgroup_matching_a_rule_is_a_task_the_moment_it_appears() {
+    if !kernel_tests_enabled("a_cgroup_matching_a_rule_is_a_task_the_moment_it_appears") {
+        return;
+    }
+    let worker = TestCgroup::create("rules");
+    // Sampling once a minute: only the cgroup_mkdir probe can be this quick.
+    let agent = Agent::start_with_config(&format!(
+        "sample_interval = \"60s\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{0}\"\n\
+         [[rule]]\nworker = \"w1\"\ncgroup = \"{0}/job_*\"\nsoft_cap = \"32MiB\"\n",
+        worker.path_str()
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // past the first sampling round
+    let job =
+        memwatch::cgroup::OwnedCgroup::create(worker.path().join("job_1")).expect("job cgroup");
+    let made = chrono::Utc::now();
+    let started = agent
+        .wait_for_event(Duration::from_secs(2), "task_started", |e| {
+            e.body.kind == EventKind::TaskStarted
+        })
+        .await;
+    let task_id = format!(
+        "{}/job_1",
+        worker.path().file_name().unwrap().to_str().unwrap()
+    );
+    assert_eq!(started.body.task_id.as_deref(), Some(task_id.as_str()));
+    assert_eq!(started.body.soft_cap_bytes, Some(32 * MIB));
+    let seen = chrono::Utc::now() - made;
+    assert!(seen < chrono::TimeDelta::seconds(2), "noticed after {seen}");
+    job.remove().expect("rmdir job");
+    let ended = agent
+        .wait_for_event(Duration::from_secs(2), "task_finished", |e| {
+            e.body.kind == EventKind::TaskFinished
+        })
+        .await;
+    assert_eq!(ended.body.reason.as_deref(), Some("cgroup removed"));
+    println!(
+        "rule task noticed {} ms after mkdir",
+        seen.num_milliseconds()
+    );
+}

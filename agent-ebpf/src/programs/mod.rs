@@ -1,3 +1,4 @@
 //! One attach point per file.
 
+pub mod cgroup_lifecycle;
 pub mod oom_mark_victim;

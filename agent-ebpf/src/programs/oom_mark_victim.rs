@@ -5,14 +5,14 @@
 //! `task_struct`, the tracepoint's first argument (`TP_PROTO(struct
 //! task_struct *task, uid_t uid)` since Linux 6.2).
 
-use agent_common::{COMM_LEN, KernelOffsets, OomVictimEvent, ProbeCounter};
+use agent_common::{COMM_LEN, KernelOffsets, OomVictimEvent, ProbeCounter, RecordKind};
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns},
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{EVENTS, OFFSETS, count};
+use crate::maps::{EVENTS, OFFSETS, count, read};
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
@@ -32,14 +32,6 @@ pub fn oom_mark_victim_raw(ctx: RawTracePointContext) -> i32 {
     }
 }
 
-/// Reads a `T` at `base + offset` in kernel memory.
-#[inline(always)]
-fn read<T>(base: *const u8, offset: u32) -> Result<T, i32> {
-    // SAFETY: bpf_probe_read_kernel validates the address; a bad one yields
-    // an error, never a fault.
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }
-}
-
 fn try_mark_victim(task: *const u8) -> Result<(), i32> {
     let off = OFFSETS.load();
     if off.valid == 0 || task.is_null() {
@@ -52,6 +44,8 @@ fn try_mark_victim(task: *const u8) -> Result<(), i32> {
         return Err(2);
     };
     let mut event = OomVictimEvent {
+        kind: RecordKind::OomVictim as u32,
+        flags: 0,
         boot_time_ns: unsafe { bpf_ktime_get_boot_ns() },
         memcg_id: 0,
         total_vm_pages: 0,
@@ -61,7 +55,7 @@ fn try_mark_victim(task: *const u8) -> Result<(), i32> {
         pid: 0,
         tgid: 0,
         trigger_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
-        flags: 0,
+        _reserved: 0,
         comm: [0; COMM_LEN],
     };
     fill_identity(task, &off, &mut event);

@@ -56,6 +56,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         css_set_subsys: member_offset(btf, "css_set", "subsys")?,
         css_cgroup: member_offset(btf, "cgroup_subsys_state", "cgroup")?,
         cgroup_kn: member_offset(btf, "cgroup", "kn")?,
+        cgroup_level: member_offset(btf, "cgroup", "level")?,
         kernfs_node_id: member_offset(btf, "kernfs_node", "id")?,
         mm_total_vm: member_offset(btf, "mm_struct", "total_vm")?,
         mm_rss_base: rss.base,
@@ -66,6 +67,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         mm_anonpages,
         mm_shmempages,
         valid: 1,
+        _reserved: 0,
     })
 }
 

@@ -1,14 +1,66 @@
 //! Kernel records → [`ProbeEvent`]s. Pure: bytes and clocks in, values out.
 
-use agent_common::OomVictimEvent;
+use agent_common::{CgroupRecord, OomVictimEvent, RecordKind};
 use chrono::{DateTime, TimeDelta, Utc};
 
-use super::OomVictim;
+use super::{CgroupChange, OomVictim, ProbeEvent};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     #[error("ring buffer record of {got} bytes, expected {want}")]
     Size { got: usize, want: usize },
+    #[error("ring buffer record of unknown kind {0}")]
+    Kind(u32),
+}
+
+/// Decodes any record by its leading kind.
+pub fn record(bytes: &[u8], page_size: u64, clock: &ClockPair) -> Result<ProbeEvent, DecodeError> {
+    let Some(head) = bytes.get(..4) else {
+        return Err(DecodeError::Size {
+            got: bytes.len(),
+            want: 4,
+        });
+    };
+    let kind = u32::from_ne_bytes(head.try_into().expect("4 bytes"));
+    match RecordKind::from_u32(kind) {
+        Some(RecordKind::OomVictim) => {
+            oom_victim(bytes, page_size, clock).map(ProbeEvent::OomVictim)
+        }
+        Some(RecordKind::CgroupMkdir | RecordKind::CgroupRmdir) => {
+            cgroup(bytes).map(ProbeEvent::Cgroup)
+        }
+        None => Err(DecodeError::Kind(kind)),
+    }
+}
+
+/// Copies a `#[repr(C)]` record of plain integers out of `bytes`.
+fn read_record<T: Copy>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let want = size_of::<T>();
+    if bytes.len() != want {
+        return Err(DecodeError::Size {
+            got: bytes.len(),
+            want,
+        });
+    }
+    // SAFETY: the length is checked; callers only use integer-only records,
+    // valid for every bit pattern; read_unaligned copes with any alignment.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
+
+/// Decodes one `CgroupRecord`.
+pub fn cgroup(bytes: &[u8]) -> Result<CgroupChange, DecodeError> {
+    let raw: CgroupRecord = read_record(bytes)?;
+    let len = raw
+        .path
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(raw.path.len());
+    Ok(CgroupChange {
+        id: raw.id,
+        path: String::from_utf8_lossy(&raw.path[..len]).into_owned(),
+        level: raw.level,
+        removed: raw.kind == RecordKind::CgroupRmdir as u32,
+    })
 }
 
 /// A pair of clock readings taken together, to turn the kernel's boot-time
@@ -49,16 +101,7 @@ pub fn oom_victim(
     page_size: u64,
     clock: &ClockPair,
 ) -> Result<OomVictim, DecodeError> {
-    let want = size_of::<OomVictimEvent>();
-    if record.len() != want {
-        return Err(DecodeError::Size {
-            got: record.len(),
-            want,
-        });
-    }
-    // SAFETY: the length is checked; OomVictimEvent is plain integers, valid
-    // for every bit pattern; read_unaligned copes with any alignment.
-    let raw: OomVictimEvent = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
+    let raw: OomVictimEvent = read_record(record)?;
     let pages = |n: i64| u64::try_from(n).unwrap_or(0).saturating_mul(page_size);
     let comm_len = raw
         .comm
@@ -86,21 +129,58 @@ mod tests {
 
     use super::*;
 
+    fn bytes_of<T>(value: &T) -> Vec<u8> {
+        // SAFETY: callers pass #[repr(C)] structs of integers without padding.
+        unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+            .to_vec()
+    }
+
     fn record(event: &OomVictimEvent) -> Vec<u8> {
-        // SAFETY: a #[repr(C)] struct of integers without padding.
-        unsafe {
-            std::slice::from_raw_parts(
-                (event as *const OomVictimEvent).cast::<u8>(),
-                size_of::<OomVictimEvent>(),
-            )
-        }
-        .to_vec()
+        bytes_of(event)
+    }
+
+    #[test]
+    fn records_are_told_apart_by_kind() {
+        let oom = super::record(&record(&sample()), 4096, &ClockPair::now()).unwrap();
+        assert!(matches!(oom, ProbeEvent::OomVictim(_)));
+        let mut path = [0u8; agent_common::CGROUP_PATH_LEN];
+        path[..6].copy_from_slice(b"/a/job");
+        let raw = CgroupRecord {
+            kind: RecordKind::CgroupRmdir as u32,
+            level: 2,
+            id: 77,
+            boot_time_ns: 1,
+            path,
+        };
+        let ProbeEvent::Cgroup(change) =
+            super::record(&bytes_of(&raw), 4096, &ClockPair::now()).unwrap()
+        else {
+            panic!("a cgroup record")
+        };
+        assert_eq!(
+            change,
+            CgroupChange {
+                id: 77,
+                path: "/a/job".into(),
+                level: 2,
+                removed: true
+            }
+        );
+        let mut junk = bytes_of(&raw);
+        junk[..4].copy_from_slice(&9u32.to_ne_bytes());
+        assert_eq!(
+            super::record(&junk, 4096, &ClockPair::now()),
+            Err(DecodeError::Kind(9))
+        );
+        assert!(super::record(&[1, 0], 4096, &ClockPair::now()).is_err());
     }
 
     fn sample() -> OomVictimEvent {
         let mut comm = [0u8; COMM_LEN];
         comm[..6].copy_from_slice(b"memhog");
         OomVictimEvent {
+            kind: RecordKind::OomVictim as u32,
+            flags: 0,
             boot_time_ns: 9_000_000_000,
             memcg_id: 4242,
             total_vm_pages: 100,
@@ -110,7 +190,7 @@ mod tests {
             pid: 11,
             tgid: 10,
             trigger_tgid: 10,
-            flags: 0,
+            _reserved: 0,
             comm,
         }
     }

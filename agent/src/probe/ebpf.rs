@@ -5,7 +5,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use agent_common::{KernelOffsets, OFFSETS_GLOBAL, ProbeCounter, maps, programs};
+use agent_common::{
+    KernelOffsets, OFFSETS_GLOBAL, ProbeCounter, maps,
+    programs::{self, AttachPoint},
+};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, RingBuf},
@@ -45,9 +48,9 @@ pub enum ProbeError {
     Load(#[source] Box<aya::EbpfError>),
     #[error("eBPF object: `{name}` {detail}")]
     Object { name: &'static str, detail: String },
-    #[error("attaching `{program}` (tp_btf: {btf}; raw tracepoint: {source})")]
+    #[error("attaching to `{tracepoint}` (tp_btf: {btf}; raw tracepoint: {source})")]
     Attach {
-        program: &'static str,
+        tracepoint: &'static str,
         btf: String,
         #[source]
         source: ProgramError,
@@ -102,12 +105,27 @@ impl EbpfProbe {
             .override_global(OFFSETS_GLOBAL, &offsets, true)
             .load(PROGRAMS)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
-        let attach = attach_mark_victim(&mut ebpf, btf_path)?;
+        // Attach the cgroup lifecycle first: a cgroup made between the two
+        // attaches is then never missed by the OOM path's resolver.
+        let aya_btf =
+            aya::Btf::parse_file(btf_path, aya::Endianness::default()).map_err(|e| e.to_string());
+        let mut attach = AttachKind::BtfTracePoint;
+        for point in [
+            programs::CGROUP_MKDIR,
+            programs::CGROUP_RMDIR,
+            programs::OOM_MARK_VICTIM,
+        ] {
+            let kind = attach_point(&mut ebpf, &aya_btf, point)?;
+            info!(
+                tracepoint = point.tracepoint,
+                attach = kind.as_str(),
+                "probe attached"
+            );
+            if kind == AttachKind::RawTracePoint {
+                attach = kind;
+            }
+        }
         let counters = take_map(&mut ebpf, maps::PROBE_COUNTERS, PerCpuArray::try_from)?;
-        info!(
-            attach = attach.as_str(),
-            "OOM probe attached to mark_victim"
-        );
         Ok(Self {
             ebpf,
             attach,
@@ -115,6 +133,7 @@ impl EbpfProbe {
         })
     }
 
+    /// `tp_btf` when every program attached that way, else `raw_tracepoint`.
     pub fn attach_kind(&self) -> AttachKind {
         self.attach
     }
@@ -147,11 +166,11 @@ impl EbpfProbe {
                 while let Some(decoded) = guard
                     .get_inner_mut()
                     .next()
-                    .map(|item| decode::oom_victim(&item, page_size, &clock))
+                    .map(|item| decode::record(&item, page_size, &clock))
                 {
                     match decoded {
-                        Ok(victim) => {
-                            if tx.send(ProbeEvent::OomVictim(victim)).await.is_err() {
+                        Ok(event) => {
+                            if tx.send(event).await.is_err() {
                                 return; // the pipeline is gone: shutting down
                             }
                         }
@@ -174,30 +193,42 @@ impl EbpfProbe {
     }
 }
 
-fn attach_mark_victim(ebpf: &mut Ebpf, btf_path: &Path) -> Result<AttachKind, ProbeError> {
-    let btf_error = match attach_btf(ebpf, btf_path) {
+/// Attaches one tracepoint: its `tp_btf` program, or its raw twin when the
+/// kernel refuses `tp_btf`.
+fn attach_point(
+    ebpf: &mut Ebpf,
+    btf: &Result<aya::Btf, String>,
+    point: AttachPoint,
+) -> Result<AttachKind, ProbeError> {
+    let btf_error = match attach_btf(ebpf, btf, point) {
         Ok(()) => return Ok(AttachKind::BtfTracePoint),
         Err(error) => {
-            warn!(%error, "tp_btf on mark_victim refused; trying a raw tracepoint");
+            warn!(tracepoint = point.tracepoint, %error, "tp_btf refused; trying a raw tracepoint");
             error.to_string()
         }
     };
-    let program: &mut RawTracePoint = program_mut(ebpf, programs::OOM_MARK_VICTIM_RAW)?;
+    let program: &mut RawTracePoint = program_mut(ebpf, point.raw)?;
     program
         .load()
-        .and_then(|()| program.attach("mark_victim"))
+        .and_then(|()| program.attach(point.tracepoint))
         .map(|_| AttachKind::RawTracePoint)
         .map_err(|source| ProbeError::Attach {
-            program: programs::OOM_MARK_VICTIM_RAW,
+            tracepoint: point.tracepoint,
             btf: btf_error,
             source,
         })
 }
 
-fn attach_btf(ebpf: &mut Ebpf, btf_path: &Path) -> Result<(), anyhow::Error> {
-    let btf = aya::Btf::parse_file(btf_path, aya::Endianness::default())?;
-    let program: &mut BtfTracePoint = program_mut(ebpf, programs::OOM_MARK_VICTIM_BTF)?;
-    program.load("mark_victim", &btf)?;
+fn attach_btf(
+    ebpf: &mut Ebpf,
+    btf: &Result<aya::Btf, String>,
+    point: AttachPoint,
+) -> anyhow::Result<()> {
+    let btf = btf
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("kernel BTF: {e}"))?;
+    let program: &mut BtfTracePoint = program_mut(ebpf, point.btf)?;
+    program.load(point.tracepoint, btf)?;
     program.attach()?;
     Ok(())
 }

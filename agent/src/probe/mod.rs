@@ -41,6 +41,19 @@ impl fmt::Display for SourceKind {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProbeEvent {
     OomVictim(OomVictim),
+    /// A cgroup was made (`removed: false`) or removed, in some hierarchy.
+    Cgroup(CgroupChange),
+}
+
+/// A cgroup made or removed. `path` is relative to its hierarchy's root
+/// (`/a/b`); the hierarchy is not said, so the receiver checks `id`
+/// against the memory hierarchy's directory inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupChange {
+    pub id: u64,
+    pub path: String,
+    pub level: u32,
+    pub removed: bool,
 }
 
 /// A task the kernel chose to kill for lack of memory.

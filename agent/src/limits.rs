@@ -1,0 +1,161 @@
+//! Which limit an OOM kill hit: the victim's own memory cgroup, one of its
+//! ancestors, or none (the whole host ran out).
+//!
+//! The kernel does not hand the limit cgroup to any tracepoint (it lives in
+//! `struct oom_control`, on the stack of `out_of_memory`), so it is read
+//! back from the cgroup files right after the kill: walking up from the
+//! victim's cgroup, the first one with a finite limit whose peak usage
+//! reached it (within a charge batch) is the one whose limit was hit. A
+//! charge fails only when usage plus the charge exceeds the limit, so the
+//! limit cgroup's peak is always that close; a cgroup that never came near
+//! its limit cannot be it.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::event::OomConstraint;
+
+/// How close to the limit the peak must be: a 2 MiB huge page, the largest
+/// single charge the fault path makes.
+pub const SLACK_BYTES: u64 = 2 << 20;
+/// At or above this, a v1 limit is "unlimited" (PAGE_COUNTER_MAX pages).
+const UNLIMITED: u64 = 1 << 62;
+
+/// `(constraint, limit_cgroup)` for a victim in `victim_cgroup`, searching
+/// no higher than `root` (the hierarchy's mount point, never itself limited).
+pub fn oom_limit(victim_cgroup: &Path, root: &Path) -> (OomConstraint, Option<PathBuf>) {
+    let mut dir = Some(victim_cgroup);
+    while let Some(cgroup) = dir.filter(|d| d.starts_with(root) && *d != root) {
+        if at_limit(cgroup) {
+            return (OomConstraint::Cgroup, Some(cgroup.to_path_buf()));
+        }
+        dir = cgroup.parent();
+    }
+    (OomConstraint::Global, None)
+}
+
+/// The cgroup has a finite limit and its peak usage reached it.
+fn at_limit(cgroup: &Path) -> bool {
+    let read = |file: &str| -> Option<u64> {
+        let text = fs::read_to_string(cgroup.join(file)).ok()?;
+        text.trim().parse().ok()
+    };
+    // v1: memory.limit_in_bytes and memory.max_usage_in_bytes (also the
+    // memory+swap pair, whose limit may be the one hit).
+    let v1 = [
+        ("memory.limit_in_bytes", "memory.max_usage_in_bytes"),
+        (
+            "memory.memsw.limit_in_bytes",
+            "memory.memsw.max_usage_in_bytes",
+        ),
+    ];
+    // v2: memory.max ("max" parses as none) and memory.peak (5.19+), else
+    // memory.current.
+    let v2_peak = read("memory.peak").or_else(|| read("memory.current"));
+    let pairs = v1
+        .iter()
+        .map(|(limit, peak)| (read(limit), read(peak)))
+        .chain(std::iter::once((read("memory.max"), v2_peak)));
+    pairs.into_iter().any(|pair| match pair {
+        (Some(limit), Some(peak)) if limit < UNLIMITED => peak.saturating_add(SLACK_BYTES) >= limit,
+        _ => false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cgroup(root: &Path, rel: &str, files: &[(&str, u64)]) -> PathBuf {
+        let dir = root.join(rel);
+        fs::create_dir_all(&dir).unwrap();
+        for (file, value) in files {
+            fs::write(dir.join(file), format!("{value}\n")).unwrap();
+        }
+        dir
+    }
+
+    const MIB: u64 = 1 << 20;
+    const NO_LIMIT: u64 = 9223372036854771712;
+
+    #[test]
+    fn nested_victim_names_the_parent_whose_limit_was_hit() {
+        let root = tempfile::tempdir().unwrap();
+        cgroup(
+            root.path(),
+            "p",
+            &[
+                ("memory.limit_in_bytes", 64 * MIB),
+                ("memory.max_usage_in_bytes", 64 * MIB),
+            ],
+        );
+        let child = cgroup(
+            root.path(),
+            "p/c",
+            &[
+                ("memory.limit_in_bytes", NO_LIMIT),
+                ("memory.max_usage_in_bytes", 64 * MIB),
+            ],
+        );
+        assert_eq!(
+            oom_limit(&child, root.path()),
+            (OomConstraint::Cgroup, Some(root.path().join("p")))
+        );
+    }
+
+    #[test]
+    fn own_limit_wins_over_an_ancestors() {
+        let root = tempfile::tempdir().unwrap();
+        cgroup(
+            root.path(),
+            "p",
+            &[
+                ("memory.limit_in_bytes", 512 * MIB),
+                ("memory.max_usage_in_bytes", 100 * MIB),
+            ],
+        );
+        let child = cgroup(
+            root.path(),
+            "p/c",
+            &[
+                ("memory.limit_in_bytes", 64 * MIB),
+                ("memory.max_usage_in_bytes", 63 * MIB),
+            ],
+        );
+        assert_eq!(
+            oom_limit(&child, root.path()),
+            (OomConstraint::Cgroup, Some(child.clone()))
+        );
+    }
+
+    #[test]
+    fn far_from_every_limit_is_a_global_oom() {
+        let root = tempfile::tempdir().unwrap();
+        let child = cgroup(
+            root.path(),
+            "c",
+            &[
+                ("memory.limit_in_bytes", 512 * MIB),
+                ("memory.max_usage_in_bytes", 100 * MIB),
+            ],
+        );
+        assert_eq!(
+            oom_limit(&child, root.path()),
+            (OomConstraint::Global, None)
+        );
+    }
+
+    #[test]
+    fn v2_files_count_too() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("v2");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("memory.max"), "67108864\n").unwrap();
+        fs::write(dir.join("memory.peak"), "67100000\n").unwrap();
+        assert_eq!(oom_limit(&dir, root.path()).0, OomConstraint::Cgroup);
+        fs::write(dir.join("memory.max"), "max\n").unwrap();
+        assert_eq!(oom_limit(&dir, root.path()).0, OomConstraint::Global);
+    }
+}
