@@ -31,6 +31,9 @@ pub enum Command {
     Exec(ExecArgs),
     /// Human summary of the local agent's health, workers and tasks.
     Status(StatusArgs),
+    /// What this kernel and these privileges allow, as a table, and which
+    /// source `run` would use (exit 1 when none is usable).
+    Doctor(DoctorArgs),
     /// Print recent events from the local agent, one JSON object per line.
     Events(EventsArgs),
 }
@@ -68,6 +71,13 @@ pub struct ExecArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Kernel BTF to check.
+    #[arg(long, value_name = "FILE", default_value = crate::probe::btf::VMLINUX_BTF)]
+    pub btf_path: PathBuf,
 }
 
 #[derive(Debug, Args)]

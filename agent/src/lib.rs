@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod doctor;
 pub mod event;
 pub mod exec;
 pub mod limits;

@@ -26,6 +26,15 @@ async fn main() -> ExitCode {
         }
         Command::Events(args) => report(memwatch::client::events(&args).await),
         Command::Status(args) => report(memwatch::status_cmd::status(&args).await),
+        Command::Doctor(args) => {
+            let (rows, usable) = memwatch::doctor::diagnose(&args.btf_path);
+            print!("{}", memwatch::doctor::render(&rows));
+            if usable {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Exec(args) => {
             memwatch::telemetry::init_logging("warn");
             ExitCode::from(memwatch::exec::exec(&args).await)

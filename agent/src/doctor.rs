@@ -1,0 +1,209 @@
+//! `memwatch doctor`: what this kernel and these privileges allow, and
+//! which source `memwatch run` would use.
+
+use std::{fmt::Write as _, fs, path::Path};
+
+use agent_common::programs;
+use caps::{CapSet, Capability};
+
+use crate::{
+    cgroup::MemoryHierarchy,
+    probe::{btf, ebpf::EbpfProbe},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Ok,
+    /// Works, with a caveat.
+    Warn,
+    /// Missing or refused.
+    Fail,
+}
+
+#[derive(Debug)]
+pub struct Check {
+    pub name: String,
+    pub state: State,
+    pub detail: String,
+}
+
+fn check(name: impl Into<String>, state: State, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        state,
+        detail: detail.into(),
+    }
+}
+
+/// Runs every check; the last row is the verdict. Returns the rows and
+/// whether `memwatch run` would find a usable source.
+pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
+    let mut rows = Vec::new();
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    rows.push(check("kernel", State::Ok, release.trim()));
+
+    let kernel_btf = btf::load(btf_path);
+    match &kernel_btf {
+        Ok(b) => {
+            rows.push(check("BTF", State::Ok, btf_path.display().to_string()));
+            rows.push(match btf::kernel_offsets(b) {
+                Ok(_) => check(
+                    "struct offsets",
+                    State::Ok,
+                    "every field the programs read resolves",
+                ),
+                Err(e) => check("struct offsets", State::Fail, e.to_string()),
+            });
+            rows.push(match btf::mark_victim_passes_task(b) {
+                Ok(true) => check(
+                    "oom/mark_victim",
+                    State::Ok,
+                    "passes the victim's task_struct",
+                ),
+                Ok(false) => check(
+                    "oom/mark_victim",
+                    State::Fail,
+                    "passes only a pid (Linux < 6.2)",
+                ),
+                Err(e) => check("oom/mark_victim", State::Fail, e.to_string()),
+            });
+            for point in [programs::CGROUP_MKDIR, programs::CGROUP_RMDIR] {
+                let name = format!("cgroup/{}", point.tracepoint);
+                let typedef = format!("btf_trace_{}", point.tracepoint);
+                rows.push(match b.resolve_types_by_name(&typedef) {
+                    Ok(found) if !found.is_empty() => check(name, State::Ok, "present"),
+                    _ => check(name, State::Fail, "absent"),
+                });
+            }
+        }
+        Err(e) => rows.push(check("BTF", State::Fail, e.to_string())),
+    }
+
+    let hierarchy = MemoryHierarchy::discover();
+    rows.push(match &hierarchy {
+        Ok(h) => check(
+            "memory controller",
+            State::Ok,
+            format!("cgroup {} at {}", h.version, h.root.display()),
+        ),
+        Err(e) => check("memory controller", State::Fail, e.to_string()),
+    });
+    rows.push(check(
+        "bpffs",
+        if is_mounted("/sys/fs/bpf", "bpf") {
+            State::Ok
+        } else {
+            State::Warn
+        },
+        if is_mounted("/sys/fs/bpf", "bpf") {
+            "mounted at /sys/fs/bpf"
+        } else {
+            "not mounted at /sys/fs/bpf (not needed yet: nothing is pinned)"
+        },
+    ));
+    for (cap, why) in [
+        (Capability::CAP_BPF, "load programs, make maps"),
+        (
+            Capability::CAP_PERFMON,
+            "tracing programs, read kernel memory",
+        ),
+        (Capability::CAP_SYS_ADMIN, "covers both above"),
+    ] {
+        let has = caps::has_cap(None, CapSet::Effective, cap).unwrap_or(false);
+        rows.push(check(
+            cap.to_string(),
+            if has { State::Ok } else { State::Warn },
+            format!("{} ({why})", if has { "held" } else { "not held" }),
+        ));
+    }
+    if let Ok(lockdown) = fs::read_to_string("/sys/kernel/security/lockdown") {
+        rows.push(check("lockdown", State::Ok, lockdown.trim()));
+    }
+    if let Ok(stats) = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled") {
+        rows.push(check(
+            "bpf_stats_enabled",
+            State::Ok,
+            format!(
+                "{} (1 lets the agent report program run time)",
+                stats.trim()
+            ),
+        ));
+    }
+
+    // The real test: load and attach the probe as `run` would, then detach.
+    let probe = EbpfProbe::load(btf_path);
+    let usable = probe.is_ok() && hierarchy.is_ok();
+    rows.push(match probe {
+        Ok(p) => check(
+            "source for `run`",
+            State::Ok,
+            format!(
+                "ebpf ({}): programs load and attach",
+                p.attach_kind().as_str()
+            ),
+        ),
+        Err(e) => check("source for `run`", State::Fail, format!("none: {e}")),
+    });
+    (rows, usable)
+}
+
+pub fn render(rows: &[Check]) -> String {
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for row in rows {
+        let state = match row.state {
+            State::Ok => "ok",
+            State::Warn => "warn",
+            State::Fail => "FAIL",
+        };
+        let _ = writeln!(out, "{:<width$}  {:<4}  {}", row.name, state, row.detail);
+    }
+    out
+}
+
+fn is_mounted(point: &str, fs_type: &str) -> bool {
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| {
+            let mut fields = l.split_whitespace();
+            let (_, mount, kind) = (fields.next(), fields.next(), fields.next());
+            mount == Some(point) && kind == Some(fs_type)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_names_and_shouts_failures() {
+        let rows = vec![
+            check("BTF", State::Ok, "/sys/kernel/btf/vmlinux"),
+            check(
+                "source for `run`",
+                State::Fail,
+                "none: missing capability CAP_BPF",
+            ),
+        ];
+        assert_eq!(
+            render(&rows),
+            "BTF               ok    /sys/kernel/btf/vmlinux\n\
+             source for `run`  FAIL  none: missing capability CAP_BPF\n"
+        );
+    }
+
+    #[test]
+    fn a_missing_btf_file_is_a_named_failure() {
+        let (rows, usable) = diagnose(Path::new("/nonexistent/vmlinux"));
+        assert!(!usable);
+        let btf = rows.iter().find(|r| r.name == "BTF").unwrap();
+        assert_eq!(btf.state, State::Fail);
+        assert!(
+            btf.detail.contains("/nonexistent/vmlinux"),
+            "{}",
+            btf.detail
+        );
+        assert_eq!(rows.last().unwrap().state, State::Fail);
+    }
+}
