@@ -3,7 +3,9 @@
 //! - `setup`: installs what the eBPF build needs and is missing (idempotent).
 //! - `run`:   setup, build, and run the agent on this host.
 //! - `test`:  setup, format and lint checks, build, and every test.
+//! - `bench`: setup, then benchmarks that print ratios measured side by side.
 
+mod bench;
 mod setup;
 mod shell;
 mod test;
@@ -27,6 +29,11 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Set up, then run a benchmark (default: overhead) and print its table (as root).
+    Bench {
+        /// Which benchmark: `overhead`.
+        which: Option<String>,
+    },
     /// Set up, check formatting and lints, build, and run every test.
     Test {
         /// Skip `cargo fmt --check` and clippy.
@@ -48,6 +55,10 @@ fn main() -> anyhow::Result<()> {
             let mut run_args = vec!["run".to_string()];
             run_args.extend(args);
             shell::exec(&bin, &run_args)
+        }
+        Task::Bench { which } => {
+            setup::ensure()?;
+            bench::run(which.as_deref())
         }
         Task::Test { no_lint, args } => {
             setup::ensure()?;
