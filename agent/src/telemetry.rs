@@ -14,6 +14,13 @@ pub const PROBE_READY: &str = "memwatch_probe_ready";
 pub const PROBE_SOURCE: &str = "memwatch_probe_source";
 pub const PROBE_KERNEL_TOTAL: &str = "memwatch_probe_kernel_total";
 pub const BUILD_INFO: &str = "memwatch_build_info";
+pub const OUTBOX_STORED: &str = "memwatch_outbox_stored_events";
+pub const OUTBOX_PENDING: &str = "memwatch_outbox_pending_events";
+pub const OUTBOX_UNPERSISTED_TOTAL: &str = "memwatch_outbox_unpersisted_total";
+pub const SINK_DELIVERED_TOTAL: &str = "memwatch_sink_delivered_total";
+pub const SINK_RETRIES_TOTAL: &str = "memwatch_sink_retries_total";
+pub const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
+pub const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
 pub fn init_logging(default_level: &str) {
@@ -40,6 +47,20 @@ pub struct Metrics {
     pub probe_source: IntGaugeVec,
     /// The eBPF programs' own counters, by name (oom_seen, ringbuf_full, read_errors).
     pub probe_kernel: IntCounterVec,
+    /// Events in the outbox database.
+    pub outbox_stored: IntGauge,
+    /// Events held in memory because the state directory cannot be written.
+    pub outbox_pending: IntGauge,
+    /// Events that could not be written to the state directory when made.
+    pub outbox_unpersisted: IntCounter,
+    /// Events a sink acknowledged, by sink name.
+    pub sink_delivered: IntCounterVec,
+    /// Batches sent again after a failure, by sink name.
+    pub sink_retries: IntCounterVec,
+    /// Failed attempts, by sink name and class (`connect`, `timeout`, `status`, `other`).
+    pub sink_failures: IntCounterVec,
+    /// Events a sink has not acknowledged yet, by sink name.
+    pub sink_backlog: IntGaugeVec,
 }
 
 impl Metrics {
@@ -53,7 +74,7 @@ impl Metrics {
             events_dropped: IntCounterVec::new(
                 Opts::new(
                     EVENTS_DROPPED_TOTAL,
-                    "Events lost before delivery, by reason.",
+                    "Events lost before every consumer had them, by reason.",
                 ),
                 &["reason"],
             )?,
@@ -66,6 +87,31 @@ impl Metrics {
                 Opts::new(PROBE_KERNEL_TOTAL, "Counters kept by the eBPF programs."),
                 &["counter"],
             )?,
+            outbox_stored: IntGauge::new(OUTBOX_STORED, "Events in the outbox database.")?,
+            outbox_pending: IntGauge::new(
+                OUTBOX_PENDING,
+                "Events held in memory because the state directory cannot be written.",
+            )?,
+            outbox_unpersisted: IntCounter::new(
+                OUTBOX_UNPERSISTED_TOTAL,
+                "Events that could not be written to the state directory when made.",
+            )?,
+            sink_delivered: IntCounterVec::new(
+                Opts::new(SINK_DELIVERED_TOTAL, "Events acknowledged by a sink."),
+                &["sink"],
+            )?,
+            sink_retries: IntCounterVec::new(
+                Opts::new(SINK_RETRIES_TOTAL, "Batches sent again after a failure."),
+                &["sink"],
+            )?,
+            sink_failures: IntCounterVec::new(
+                Opts::new(SINK_FAILURES_TOTAL, "Failed delivery attempts, by class."),
+                &["sink", "class"],
+            )?,
+            sink_backlog: IntGaugeVec::new(
+                Opts::new(SINK_BACKLOG, "Events a sink has not acknowledged yet."),
+                &["sink"],
+            )?,
         };
         registry.register(Box::new(metrics.oom_kills.clone()))?;
         registry.register(Box::new(metrics.events.clone()))?;
@@ -73,6 +119,13 @@ impl Metrics {
         registry.register(Box::new(metrics.probe_ready.clone()))?;
         registry.register(Box::new(metrics.probe_source.clone()))?;
         registry.register(Box::new(metrics.probe_kernel.clone()))?;
+        registry.register(Box::new(metrics.outbox_stored.clone()))?;
+        registry.register(Box::new(metrics.outbox_pending.clone()))?;
+        registry.register(Box::new(metrics.outbox_unpersisted.clone()))?;
+        registry.register(Box::new(metrics.sink_delivered.clone()))?;
+        registry.register(Box::new(metrics.sink_retries.clone()))?;
+        registry.register(Box::new(metrics.sink_failures.clone()))?;
+        registry.register(Box::new(metrics.sink_backlog.clone()))?;
         let build = IntGaugeVec::new(Opts::new(BUILD_INFO, "Agent version."), &["version"])?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         registry.register(Box::new(build))?;
