@@ -9,7 +9,12 @@ use std::{
 use agent_common::ProbeCounter;
 use anyhow::Context as _;
 use prometheus::Registry;
-use tokio::{net::TcpListener, sync::mpsc, time::Instant};
+use tokio::{
+    net::TcpListener,
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -17,35 +22,76 @@ use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
     config::Config,
     event::{EventBody, EventKind},
+    heartbeat,
     pipeline::{PROBE_QUEUE, Pipeline},
     probe::{SourceKind, ebpf::EbpfProbe},
-    shipper::outbox::Outbox,
+    shipper::{
+        delivery,
+        outbox::{self, Outbox},
+        webhook::WebhookSink,
+    },
+    status,
     telemetry::Metrics,
     watchdog::self_health::ProbeState,
 };
 
-/// How often the kernel-side counters are read into metrics and health.
+/// How often the kernel-side counters are read into metrics and health,
+/// and events held in memory are retried to disk.
 const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
+/// How often expired events are removed from the outbox.
+const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How long open HTTP requests may finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).context("registering metrics")?;
+    let limits = outbox::Limits {
+        max_events: config.outbox_capacity as u64,
+        max_age: config.outbox_max_age,
+        ..outbox::Limits::default()
+    };
+    let outbox = Outbox::open(
+        &config.state_dir,
+        config.node_name.clone(),
+        limits,
+        metrics.clone(),
+    )
+    .with_context(|| {
+        format!(
+            "state directory {} is unusable (--state-dir / `state_dir`)",
+            config.state_dir.display()
+        )
+    })?;
+    info!(state_dir = %config.state_dir.display(), last_seq = outbox.status().last_seq, "outbox open");
     let hierarchy = MemoryHierarchy::discover()?;
     info!(root = %hierarchy.root.display(), version = %hierarchy.version, "memory cgroup hierarchy");
 
-    let outbox = Outbox::new(
-        config.node_name.clone(),
-        config.outbox_capacity,
-        metrics.clone(),
-    );
     let probe_state = Arc::new(Mutex::new(ProbeState::default()));
+    let state_fn = status::agent_state(
+        config.node_name.clone(),
+        probe_state.clone(),
+        outbox.clone(),
+    );
     let app = AppState {
         outbox: outbox.clone(),
         registry,
         probe: probe_state.clone(),
+        status: state_fn.clone(),
     };
+    let (stop_shipping, shipping_stopped) = watch::channel(false);
+    let mut shippers: Vec<JoinHandle<()>> = Vec::new();
+    for hook in &config.webhooks {
+        info!(sink = %hook.name, url = %hook.url, signed = hook.secret.is_some(), "webhook sink");
+        let sink = WebhookSink::new(hook.clone())
+            .with_context(|| format!("webhook sink {}", hook.name))?;
+        shippers.push(tokio::spawn(delivery::run(
+            sink,
+            outbox.clone(),
+            metrics.clone(),
+            shipping_stopped.clone(),
+        )));
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen / `listen`)", config.listen))?;
@@ -83,16 +129,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     ));
     outbox.append(started, None);
+    shippers.push(tokio::spawn(heartbeat::run(
+        outbox.clone(),
+        config.heartbeat_interval,
+        state_fn,
+        shipping_stopped.clone(),
+    )));
 
     let pipeline = tokio::spawn(
         Pipeline {
             resolver: CgroupResolver::new(hierarchy),
-            outbox,
+            outbox: outbox.clone(),
             metrics: metrics.clone(),
         }
         .run(rx),
     );
 
+    let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
     let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
     let mut last = [0u64; ProbeCounter::COUNT as usize];
     let signal = shutdown_signal();
@@ -111,7 +164,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     .unwrap_or_else(|e| e.into_inner())
                     .observe_ringbuf_drops(now[ProbeCounter::RingbufFull as usize], Instant::now());
                 last = now;
+                outbox.maintain();
             }
+            _ = expiry.tick() => outbox.prune_expired(chrono::Utc::now()),
         }
     }
 
@@ -119,6 +174,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     reader.abort();
     drop(probe);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, pipeline).await;
+    // Sinks stop between attempts; what they had not delivered is sent at
+    // the next start (their cursors are in the state directory).
+    let _ = stop_shipping.send(true);
+    for task in shippers {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
+    }
+    if !outbox.maintain() {
+        warn!(
+            pending = outbox.status().pending,
+            "events held in memory are lost: the state directory is still not writable"
+        );
+    }
     let _ = stop_server.send(());
     match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
         Ok(result) => result.context("API server task")?.context("API server")?,

@@ -28,7 +28,11 @@ fn invalid_flag_value_exits_2_naming_the_flag() {
 fn unknown_command_exits_2() {
     let out = memwatch(&["launch"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("unrecognized subcommand 'launch'"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unrecognized subcommand 'launch'"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -39,21 +43,37 @@ fn invalid_config_exits_2_naming_the_key() {
     fs::write(&path, "listen = \"127.0.0.1:9750\"\nlisten_port = 1\n").unwrap();
     let out = memwatch(&["run", "--config", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("unknown field `listen_port`"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown field `listen_port`"),
+        "{}",
+        stderr(&out)
+    );
 
     fs::write(&path, "outbox_capacity = 0\n").unwrap();
     let out = memwatch(&["run", "--config", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("`outbox_capacity` must be at least 1"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`outbox_capacity` must be at least 1"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
 fn events_without_an_agent_says_so() {
     // A port that nothing listens on any more.
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let out = memwatch(&["events", "--agent", &format!("http://127.0.0.1:{port}")]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("cannot reach the agent"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot reach the agent"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -20,8 +20,9 @@ pub struct HealthBody {
 
 /// 200 when healthy or degraded, 503 when unhealthy; always with reasons.
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthBody>) {
-    let probe = state.probe();
-    let verdict = self_health::assess(&probe, Instant::now());
+    let probe = state.probe().clone();
+    let mut verdict = self_health::assess(&probe, Instant::now());
+    self_health::assess_outbox(&state.outbox.status(), &mut verdict);
     let code = match verdict.status {
         Health::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
         Health::Healthy | Health::Degraded => StatusCode::OK,

@@ -3,6 +3,7 @@
 mod events;
 mod health;
 mod metrics;
+mod status;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -14,7 +15,7 @@ use axum::{
 };
 use prometheus::Registry;
 
-use crate::{shipper::outbox::Outbox, watchdog::self_health::ProbeState};
+use crate::{shipper::outbox::Outbox, status::StateFn, watchdog::self_health::ProbeState};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -22,6 +23,8 @@ pub struct AppState {
     pub outbox: Outbox,
     pub registry: Registry,
     pub probe: Arc<Mutex<ProbeState>>,
+    /// The full state for `/v1/status`.
+    pub status: StateFn,
 }
 
 impl AppState {
@@ -37,6 +40,7 @@ pub fn router(state: AppState) -> Router {
         .route("/live", get(health::live))
         .route("/metrics", get(metrics::metrics))
         .route("/v1/events", get(events::list))
+        .route("/v1/status", get(status::status))
         .fallback(not_found)
         .with_state(state)
 }

@@ -14,10 +14,13 @@ use crate::{
 fn state() -> AppState {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
+    let outbox = Outbox::new("test-host", 100, metrics);
+    let probe: Arc<Mutex<ProbeState>> = Arc::default();
     AppState {
-        outbox: Outbox::new("test-host", 100, metrics),
+        status: crate::status::agent_state("test-host".into(), probe.clone(), outbox.clone()),
+        outbox,
         registry,
-        probe: Arc::default(),
+        probe,
     }
 }
 
@@ -124,6 +127,24 @@ async fn metrics_export_oom_counter() {
         body.contains("memwatch_events_total{kind=\"oom_kill\"} 1"),
         "{body}"
     );
+}
+
+#[tokio::test]
+async fn status_has_version_source_and_sink_backlog() {
+    let state = state();
+    attach(&state);
+    state.outbox.register_sink("hook");
+    state
+        .outbox
+        .append(EventBody::new(EventKind::OomKill), None);
+    let (code, body) = get(&state, "/v1/status").await;
+    assert_eq!(code, StatusCode::OK);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(json["source"], "ebpf");
+    assert_eq!(json["health"]["status"], "healthy");
+    assert_eq!(json["outbox"]["last_seq"], 1);
+    assert_eq!(json["outbox"]["sinks"]["hook"]["backlog"], 1);
 }
 
 #[tokio::test]

@@ -265,10 +265,9 @@ impl Outbox {
         }
     }
 
-    /// Periodic upkeep: writes out what waits in memory and removes
-    /// expired events. Returns whether the state directory is writable.
+    /// Periodic upkeep: writes out what waits in memory (and moved
+    /// cursors). Returns whether everything is written.
     pub fn maintain(&self) -> bool {
-        self.prune_expired(Utc::now());
         let mut inner = self.lock();
         self.flush(&mut inner)
     }
@@ -276,8 +275,8 @@ impl Outbox {
     /// Removes events stored before `now - max_age` (see the policy).
     pub fn prune_expired(&self, now: DateTime<Utc>) {
         let mut inner = self.lock();
-        let max_age = chrono::Duration::from_std(inner.limits.max_age)
-            .unwrap_or(chrono::Duration::MAX);
+        let max_age =
+            chrono::Duration::from_std(inner.limits.max_age).unwrap_or(chrono::Duration::MAX);
         let cutoff = now
             .checked_sub_signed(max_age)
             .map_or(i64::MIN, |t| t.timestamp_millis());

@@ -46,7 +46,11 @@ fn seq_survives_reopen_and_ids_are_stored() {
     };
     assert!(dir.path().join("outbox.sqlite").exists());
     let (outbox, _) = open(dir.path(), Limits::default());
-    assert_eq!(outbox.read(0, 10), before, "same events, same ids after reopen");
+    assert_eq!(
+        outbox.read(0, 10),
+        before,
+        "same events, same ids after reopen"
+    );
     assert_eq!(add(&outbox, EventKind::Heartbeat), 4);
     assert_eq!(outbox.status().last_seq, 4);
 }
@@ -82,9 +86,8 @@ fn read_pages_after_a_seq() {
     for _ in 0..5 {
         add(&outbox, EventKind::OomKill);
     }
-    let page = |after, limit| -> Vec<u64> {
-        outbox.read(after, limit).iter().map(|e| e.seq).collect()
-    };
+    let page =
+        |after, limit| -> Vec<u64> { outbox.read(after, limit).iter().map(|e| e.seq).collect() };
     assert_eq!(page(0, 2), [1, 2]);
     assert_eq!(page(2, 10), [3, 4, 5]);
     assert!(page(5, 10).is_empty());
