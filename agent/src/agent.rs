@@ -24,7 +24,11 @@ use crate::{
     event::{EventBody, EventKind},
     heartbeat,
     pipeline::{PROBE_QUEUE, Pipeline},
-    probe::{SourceKind, ebpf::EbpfProbe},
+    probe::{
+        SourceKind,
+        ebpf::{EbpfProbe, ProbeError},
+        privilege,
+    },
     shipper::{
         delivery,
         outbox::{self, Outbox},
@@ -44,6 +48,15 @@ const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Before anything is created on disk: a run that cannot attach must say
+    // why, not fail on a state directory it may not write either.
+    let missing = privilege::missing_for_tracing();
+    if !missing.is_empty() {
+        return Err(ProbeError::Privilege {
+            missing: privilege::names(&missing),
+        }
+        .into());
+    }
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).context("registering metrics")?;
     let limits = outbox::Limits {

@@ -52,19 +52,19 @@ const OOM_BASELINE: &str = "oom_baseline";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot create state directory {path}: {source}")]
+    #[error("cannot create state directory {path}")]
     CreateDir {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot open the outbox database {path}: {source}")]
+    #[error("cannot open the outbox database {path}")]
     Open {
         path: PathBuf,
         #[source]
         source: rusqlite::Error,
     },
-    #[error("outbox database: {0}")]
+    #[error(transparent)]
     Sql(#[from] rusqlite::Error),
     #[error("stored event does not parse: {0}")]
     Json(#[from] serde_json::Error),
