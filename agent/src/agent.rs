@@ -31,6 +31,7 @@ use crate::{
     },
     shipper::{
         delivery,
+        nats::NatsSink,
         outbox::{self, Outbox},
         webhook::WebhookSink,
     },
@@ -100,6 +101,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_context(|| format!("webhook sink {}", hook.name))?;
         shippers.push(tokio::spawn(delivery::run(
             sink,
+            outbox.clone(),
+            metrics.clone(),
+            shipping_stopped.clone(),
+        )));
+    }
+    for nats in &config.nats {
+        info!(sink = %nats.name, url = %nats.url, stream = %nats.stream, subject = %nats.subject, "NATS JetStream sink");
+        shippers.push(tokio::spawn(delivery::run(
+            NatsSink::new(nats.clone()),
             outbox.clone(),
             metrics.clone(),
             shipping_stopped.clone(),

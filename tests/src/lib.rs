@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod nats;
 
 use std::path::PathBuf;
 

@@ -2,6 +2,7 @@
 //! that ship them to schedulers (one file per sink, one delivery loop).
 
 pub mod delivery;
+pub mod nats;
 pub mod outbox;
 pub mod store;
 pub mod webhook;
