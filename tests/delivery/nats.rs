@@ -3,7 +3,7 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use async_nats::jetstream::{self, context::Publish};
+use async_nats::jetstream::{self, message::PublishMessage};
 use memwatch::{
     config::{Delivery, NatsConfig},
     event::{Event, EventBody, EventKind},
@@ -139,7 +139,7 @@ async fn events_land_in_the_stream_exactly_once_across_a_nats_restart() {
     let again = js
         .send_publish(
             SUBJECT,
-            Publish::build()
+            PublishMessage::build()
                 .payload(serde_json::to_vec(&expected[0]).unwrap().into())
                 .message_id(expected[0].id.as_str()),
         )

@@ -7,7 +7,7 @@
 //! stored once. The stream is created (file storage, the server's default
 //! duplicate window of 2 minutes) when it does not exist.
 
-use async_nats::jetstream::{self, context::Publish, stream};
+use async_nats::jetstream::{self, message::PublishMessage, stream};
 use tracing::info;
 
 use super::delivery::{FailureClass, SendError, Sink};
@@ -91,7 +91,7 @@ impl Sink for NatsSink {
         for event in batch {
             let payload = serde_json::to_vec(event)
                 .map_err(|e| SendError::new(FailureClass::Other, format!("encoding: {e}")))?;
-            let publish = Publish::build()
+            let publish = PublishMessage::build()
                 .payload(payload.into())
                 .message_id(event.id.as_str());
             let ack = js
