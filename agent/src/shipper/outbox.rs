@@ -291,7 +291,13 @@ impl Outbox {
     fn flush(&self, inner: &mut Inner) -> bool {
         if !inner.pending.is_empty() {
             let events: Vec<Event> = inner.pending.iter().cloned().collect();
-            match inner.store.insert(&events, Utc::now().timestamp_millis()) {
+            let now_ms = Utc::now().timestamp_millis();
+            let mut result = inner.store.insert(&events, now_ms);
+            if result.is_err() && inner.store.checkpoint().is_ok() {
+                // The log's space is free again: one more try.
+                result = inner.store.insert(&events, now_ms);
+            }
+            match result {
                 Ok(()) => {
                     inner.stored += events.len() as u64;
                     inner.pending.clear();

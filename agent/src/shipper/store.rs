@@ -157,6 +157,15 @@ impl Store {
         Ok(())
     }
 
+    /// Moves the write-ahead log into the database and truncates it: on a
+    /// full disk this gives back the log's space, which otherwise only a
+    /// successful commit would (SQLite checkpoints after commits).
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
     /// Up to `limit` events with `seq > after`, oldest first.
     pub fn read(&self, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
         let mut stmt = self
