@@ -2,6 +2,7 @@
 //! and shuts them down in order.
 
 use std::{
+    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -29,6 +30,7 @@ use crate::{
         ebpf::{EbpfProbe, ProbeError},
         privilege,
     },
+    reconcile,
     shipper::{
         delivery,
         nats::NatsSink,
@@ -43,6 +45,9 @@ use crate::{
 /// How often the kernel-side counters are read into metrics and health,
 /// and events held in memory are retried to disk.
 const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the kernel's OOM counters are saved (for reconcile.rs): a kill
+/// seen live less than this long before a crash may be reported again.
+const OOM_COUNTS_INTERVAL: Duration = Duration::from_secs(5);
 /// How often expired events are removed from the outbox.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How long open HTTP requests may finish after SIGTERM.
@@ -58,6 +63,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         .into());
     }
+    let signal = shutdown_signal()?;
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).context("registering metrics")?;
     let limits = outbox::Limits {
@@ -152,6 +158,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     ));
     outbox.append(started, None);
+    // After the probe is attached: a kill in between is reported twice
+    // (live and recovered) rather than not at all.
+    let mut oom_counts = report_missed_oom_kills(&hierarchy, &outbox, &metrics).await?;
     shippers.push(tokio::spawn(heartbeat::run(
         outbox.clone(),
         config.heartbeat_interval,
@@ -161,7 +170,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let pipeline = tokio::spawn(
         Pipeline {
-            resolver: CgroupResolver::new(hierarchy),
+            resolver: CgroupResolver::new(hierarchy.clone()),
             outbox: outbox.clone(),
             metrics: metrics.clone(),
         }
@@ -169,14 +178,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
 
     let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
+    let mut oom_ticker = tokio::time::interval(OOM_COUNTS_INTERVAL);
     let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
     let mut last = [0u64; ProbeCounter::COUNT as usize];
-    let signal = shutdown_signal();
     tokio::pin!(signal);
     loop {
         tokio::select! {
             name = &mut signal => {
-                info!(signal = name?, "shutting down");
+                info!(signal = name, "shutting down");
                 break;
             }
             _ = ticker.tick() => {
@@ -190,6 +199,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 outbox.maintain();
             }
             _ = expiry.tick() => outbox.prune_expired(chrono::Utc::now()),
+            _ = oom_ticker.tick() => {
+                save_oom_counts(&hierarchy, &outbox, &mut oom_counts).await;
+            }
         }
     }
 
@@ -203,6 +215,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for task in shippers {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
     }
+    save_oom_counts(&hierarchy, &outbox, &mut oom_counts).await;
     if !outbox.maintain() {
         warn!(
             pending = outbox.status().pending,
@@ -218,6 +231,48 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Reports the OOM kills the kernel counted while the agent was down, saves
+/// the counters, and returns them.
+async fn report_missed_oom_kills(
+    hierarchy: &MemoryHierarchy,
+    outbox: &Outbox,
+    metrics: &Metrics,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    let h = hierarchy.clone();
+    let counts = tokio::task::spawn_blocking(move || reconcile::read_oom_counts(&h))
+        .await
+        .context("reading OOM counters")?;
+    let saved = outbox.saved_oom_counts();
+    for body in reconcile::recovered_kills(saved.as_ref(), &counts) {
+        metrics.oom_kills.inc();
+        let event = outbox.append(body, None);
+        warn!(
+            seq = event.seq,
+            cgroup = event.body.cgroup.as_deref().unwrap_or("?"),
+            reason = event.body.reason.as_deref().unwrap_or(""),
+            "OOM kill while the agent was not running"
+        );
+    }
+    outbox.save_oom_counts(&counts);
+    Ok(counts)
+}
+
+/// Saves the kernel's OOM counters when they changed since `last`.
+async fn save_oom_counts(
+    hierarchy: &MemoryHierarchy,
+    outbox: &Outbox,
+    last: &mut BTreeMap<String, u64>,
+) {
+    let h = hierarchy.clone();
+    let Ok(counts) = tokio::task::spawn_blocking(move || reconcile::read_oom_counts(&h)).await
+    else {
+        return;
+    };
+    if counts != *last && outbox.save_oom_counts(&counts) {
+        *last = counts;
+    }
 }
 
 /// Moves the kernel counters' growth into the Prometheus counters.
@@ -245,13 +300,17 @@ fn publish_counters(metrics: &Metrics, last: &[u64], now: &[u64]) {
     }
 }
 
-/// Resolves with the signal's name on SIGTERM or SIGINT.
-async fn shutdown_signal() -> anyhow::Result<&'static str> {
+/// Installs the SIGTERM and SIGINT handlers now (a signal that comes
+/// before the main loop is kept, not fatal); the future resolves with the
+/// signal's name.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     })
 }

@@ -11,6 +11,7 @@ pub mod event;
 pub mod heartbeat;
 pub mod pipeline;
 pub mod probe;
+pub mod reconcile;
 pub mod shipper;
 pub mod status;
 pub mod telemetry;

@@ -265,6 +265,29 @@ impl Outbox {
         }
     }
 
+    /// The kernel OOM-kill counters saved by the last run (see reconcile.rs);
+    /// `None` when never saved or unreadable.
+    pub fn saved_oom_counts(&self) -> Option<BTreeMap<String, u64>> {
+        match self.lock().store.oom_counts() {
+            Ok(counts) => counts,
+            Err(error) => {
+                warn!(%error, "cannot read the saved OOM counters");
+                None
+            }
+        }
+    }
+
+    /// Saves the kernel OOM-kill counters; false when it could not.
+    pub fn save_oom_counts(&self, counts: &BTreeMap<String, u64>) -> bool {
+        match self.lock().store.save_oom_counts(counts) {
+            Ok(()) => true,
+            Err(error) => {
+                warn!(%error, "cannot save the OOM counters");
+                false
+            }
+        }
+    }
+
     /// Periodic upkeep: writes out what waits in memory (and moved
     /// cursors). Returns whether everything is written.
     pub fn maintain(&self) -> bool {
