@@ -31,6 +31,8 @@ impl WebhookSink {
         let client = reqwest::Client::builder()
             .connect_timeout(config.delivery.connect_timeout)
             .timeout(config.delivery.timeout)
+            // A redirect is not an acknowledgement (and would turn the POST into a GET).
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("memwatch/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self { config, client })
