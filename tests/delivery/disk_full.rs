@@ -10,8 +10,8 @@ use std::{
 };
 
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use memwatch::event::Event;
-use memwatch_tests::{agent::Agent, kernel_tests_enabled, tmpfs::Tmpfs};
+use memwatch::event::{Event, EventKind};
+use memwatch_tests::{agent::Agent, kernel_tests_enabled, tmpfs::Tmpfs, workspace_bin};
 
 type Received = Arc<Mutex<BTreeSet<u64>>>;
 
@@ -128,10 +128,49 @@ async fn a_full_state_directory_degrades_then_recovers_without_losing_events() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Heartbeats (every second here) carry the state, sink backlog included.
+    let events = agent.events(0).await;
+    let heartbeat = events
+        .iter()
+        .rev()
+        .find(|e| e.body.kind == EventKind::Heartbeat)
+        .expect("heartbeats while the test ran");
+    let state = heartbeat.body.state.as_ref().expect("heartbeat state");
+    assert_eq!(state["source"], "ebpf", "{state}");
+    assert!(
+        state["outbox"]["sinks"]["webhook-1"]["acked_seq"].is_u64(),
+        "{state}"
+    );
     assert_eq!(
         agent.stop(),
         Some(0),
         "clean exit; log:\n{}",
         agent.log_text()
+    );
+}
+
+#[test]
+fn an_unusable_state_directory_is_named() {
+    if !kernel_tests_enabled("an_unusable_state_directory_is_named") {
+        return;
+    }
+    // Below a regular file: not creatable, even by root.
+    let out = std::process::Command::new(workspace_bin("memwatch"))
+        .args([
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            "/etc/hostname/memwatch",
+        ])
+        .output()
+        .expect("run memwatch");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "state directory /etc/hostname/memwatch is unusable (--state-dir / `state_dir`)"
+        ),
+        "{stderr}"
     );
 }
