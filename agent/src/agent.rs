@@ -2,6 +2,7 @@
 //! and shuts them down in order.
 
 use std::{
+    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -9,7 +10,12 @@ use std::{
 use agent_common::ProbeCounter;
 use anyhow::Context as _;
 use prometheus::Registry;
-use tokio::{net::TcpListener, sync::mpsc, time::Instant};
+use tokio::{
+    net::TcpListener,
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -17,48 +23,118 @@ use crate::{
     cgroup::MemoryHierarchy,
     config::Config,
     event::{EventBody, EventKind},
+    heartbeat,
     monitor::Monitor,
     pipeline::{PROBE_QUEUE, Pipeline},
-    probe::{SourceKind, ebpf::EbpfProbe},
+    probe::{
+        SourceKind,
+        ebpf::{EbpfProbe, ProbeError},
+        privilege,
+    },
+    reconcile,
     sampler::SystemReader,
-    shipper::outbox::Outbox,
+    shipper::{
+        delivery,
+        nats::NatsSink,
+        outbox::{self, Outbox},
+        webhook::WebhookSink,
+    },
+    status,
     telemetry::Metrics,
     watchdog::self_health::ProbeState,
 };
 
-/// How often the kernel-side counters are read into metrics and health.
+/// How often the kernel-side counters are read into metrics and health,
+/// and events held in memory are retried to disk.
 const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the kernel's OOM counters are saved (for reconcile.rs): a kill
+/// seen live less than this long before a crash may be reported again.
+const OOM_COUNTS_INTERVAL: Duration = Duration::from_secs(5);
+/// How often expired events are removed from the outbox.
+const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How long open HTTP requests may finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Before anything is created on disk: a run that cannot attach must say
+    // why, not fail on a state directory it may not write either.
+    let missing = privilege::missing_for_tracing();
+    if !missing.is_empty() {
+        return Err(ProbeError::Privilege {
+            missing: privilege::names(&missing),
+        }
+        .into());
+    }
+    let signal = shutdown_signal()?;
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).context("registering metrics")?;
+    let limits = outbox::Limits {
+        max_events: config.outbox_capacity as u64,
+        max_age: config.outbox_max_age,
+        ..outbox::Limits::default()
+    };
+    let outbox = Outbox::open(
+        &config.state_dir,
+        config.node_name.clone(),
+        limits,
+        metrics.clone(),
+    )
+    .with_context(|| {
+        format!(
+            "state directory {} is unusable (--state-dir / `state_dir`)",
+            config.state_dir.display()
+        )
+    })?;
+    info!(state_dir = %config.state_dir.display(), last_seq = outbox.status().last_seq, "outbox open");
     let hierarchy = MemoryHierarchy::discover()?;
     info!(root = %hierarchy.root.display(), version = %hierarchy.version, "memory cgroup hierarchy");
 
-    let outbox = Outbox::new(
-        config.node_name.clone(),
-        config.outbox_capacity,
-        metrics.clone(),
-    );
     let monitor = Arc::new(Monitor::new(
         config.workers.clone(),
         config.watchdog.clone(),
         config.rules.clone(),
-        hierarchy,
+        hierarchy.clone(),
         Arc::new(SystemReader),
         outbox.clone(),
         metrics.clone(),
     ));
     let probe_state = Arc::new(Mutex::new(ProbeState::default()));
+    let state_fn = status::agent_state(
+        config.node_name.clone(),
+        probe_state.clone(),
+        outbox.clone(),
+        monitor.clone(),
+    );
     let app = AppState {
         outbox: outbox.clone(),
         registry,
         probe: probe_state.clone(),
         monitor: monitor.clone(),
         api_token: config.api_token.as_deref().map(Arc::from),
+        status: state_fn.clone(),
     };
+    let (stop_shipping, shipping_stopped) = watch::channel(false);
+    let mut shippers: Vec<JoinHandle<()>> = Vec::new();
+    for hook in &config.webhooks {
+        info!(sink = %hook.name, url = %hook.url, signed = hook.secret.is_some(), "webhook sink");
+        let sink = WebhookSink::new(hook.clone())
+            .with_context(|| format!("webhook sink {}", hook.name))?;
+        shippers.push(tokio::spawn(delivery::run(
+            sink,
+            outbox.clone(),
+            metrics.clone(),
+            shipping_stopped.clone(),
+        )));
+    }
+    for nats in &config.nats {
+        info!(sink = %nats.name, url = %nats.url, stream = %nats.stream, subject = %nats.subject, "NATS JetStream sink");
+        shippers.push(tokio::spawn(delivery::run(
+            NatsSink::new(nats.clone()),
+            outbox.clone(),
+            metrics.clone(),
+            shipping_stopped.clone(),
+        )));
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen / `listen`)", config.listen))?;
@@ -96,25 +172,35 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     ));
     outbox.append(started, None);
+    // After the probe is attached: a kill in between is reported twice
+    // (live and recovered) rather than not at all.
+    let mut oom_counts = report_missed_oom_kills(&hierarchy, &outbox, &metrics).await?;
+    shippers.push(tokio::spawn(heartbeat::run(
+        outbox.clone(),
+        config.heartbeat_interval,
+        state_fn,
+        shipping_stopped.clone(),
+    )));
 
     let pipeline = tokio::spawn(
         Pipeline {
             monitor: monitor.clone(),
-            outbox,
+            outbox: outbox.clone(),
             metrics: metrics.clone(),
         }
         .run(rx),
     );
     let sampling = tokio::spawn(sample_forever(monitor, config.sample_interval));
 
+    let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
+    let mut oom_ticker = tokio::time::interval(OOM_COUNTS_INTERVAL);
     let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
     let mut last = [0u64; ProbeCounter::COUNT as usize];
-    let signal = shutdown_signal();
     tokio::pin!(signal);
     loop {
         tokio::select! {
             name = &mut signal => {
-                info!(signal = name?, "shutting down");
+                info!(signal = name, "shutting down");
                 break;
             }
             _ = ticker.tick() => {
@@ -125,6 +211,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     .unwrap_or_else(|e| e.into_inner())
                     .observe_ringbuf_drops(now[ProbeCounter::RingbufFull as usize], Instant::now());
                 last = now;
+                outbox.maintain();
+            }
+            _ = expiry.tick() => outbox.prune_expired(chrono::Utc::now()),
+            _ = oom_ticker.tick() => {
+                save_oom_counts(&hierarchy, &outbox, &mut oom_counts).await;
             }
         }
     }
@@ -134,6 +225,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     reader.abort();
     drop(probe);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, pipeline).await;
+    // Sinks stop between attempts; what they had not delivered is sent at
+    // the next start (their cursors are in the state directory).
+    let _ = stop_shipping.send(true);
+    for task in shippers {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
+    }
+    save_oom_counts(&hierarchy, &outbox, &mut oom_counts).await;
+    if !outbox.maintain() {
+        warn!(
+            pending = outbox.status().pending,
+            "events held in memory are lost: the state directory is still not writable"
+        );
+    }
     let _ = stop_server.send(());
     match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
         Ok(result) => result.context("API server task")?.context("API server")?,
@@ -157,6 +261,48 @@ async fn sample_forever(monitor: Arc<Monitor>, interval: Duration) {
         if let Err(error) = tokio::task::spawn_blocking(move || monitor.tick()).await {
             warn!(%error, "sampling round failed");
         }
+    }
+}
+
+/// Reports the OOM kills the kernel counted while the agent was down, saves
+/// the counters, and returns them.
+async fn report_missed_oom_kills(
+    hierarchy: &MemoryHierarchy,
+    outbox: &Outbox,
+    metrics: &Metrics,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    let h = hierarchy.clone();
+    let counts = tokio::task::spawn_blocking(move || reconcile::read_oom_counts(&h))
+        .await
+        .context("reading OOM counters")?;
+    let saved = outbox.saved_oom_counts();
+    for body in reconcile::recovered_kills(saved.as_ref(), &counts) {
+        metrics.oom_kills.inc();
+        let event = outbox.append(body, None);
+        warn!(
+            seq = event.seq,
+            cgroup = event.body.cgroup.as_deref().unwrap_or("?"),
+            reason = event.body.reason.as_deref().unwrap_or(""),
+            "OOM kill while the agent was not running"
+        );
+    }
+    outbox.save_oom_counts(&counts);
+    Ok(counts)
+}
+
+/// Saves the kernel's OOM counters when they changed since `last`.
+async fn save_oom_counts(
+    hierarchy: &MemoryHierarchy,
+    outbox: &Outbox,
+    last: &mut BTreeMap<String, u64>,
+) {
+    let h = hierarchy.clone();
+    let Ok(counts) = tokio::task::spawn_blocking(move || reconcile::read_oom_counts(&h)).await
+    else {
+        return;
+    };
+    if counts != *last && outbox.save_oom_counts(&counts) {
+        *last = counts;
     }
 }
 
@@ -185,13 +331,17 @@ fn publish_counters(metrics: &Metrics, last: &[u64], now: &[u64]) {
     }
 }
 
-/// Resolves with the signal's name on SIGTERM or SIGINT.
-async fn shutdown_signal() -> anyhow::Result<&'static str> {
+/// Installs the SIGTERM and SIGINT handlers now (a signal that comes
+/// before the main loop is kept, not fatal); the future resolves with the
+/// signal's name.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     })
 }

@@ -101,6 +101,12 @@ pub struct RunArgs {
     /// Name of this host on every event [default: the hostname].
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
+    /// Directory of the durable outbox [default: /var/lib/memwatch].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// POST events to this URL (repeatable; replaces `[[webhook]]` of the config file).
+    #[arg(long = "webhook", value_name = "URL")]
+    pub webhooks: Vec<String>,
 }
 
 impl RunArgs {
@@ -108,6 +114,8 @@ impl RunArgs {
         Overrides {
             listen: self.listen,
             node_name: self.node_name.clone(),
+            state_dir: self.state_dir.clone(),
+            webhooks: self.webhooks.clone(),
         }
     }
 }

@@ -2,6 +2,8 @@
 //! Invalid configuration is rejected before anything touches the kernel,
 //! with the offending key named.
 
+mod sinks;
+
 use std::{
     fs,
     net::SocketAddr,
@@ -11,11 +13,17 @@ use std::{
 
 use serde::Deserialize;
 
+pub use self::sinks::{Delivery, NatsConfig, NatsFile, Secret, WebhookConfig, WebhookFile};
 use crate::{
     shipper::outbox,
     units::{Size, Span},
     watchdog::spec::{MemorySource, OnResidualOverCap, Settings, WorkerSpec},
 };
+
+/// Where the outbox database lives unless told otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/memwatch";
+/// How often a heartbeat event is appended.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Default API address: loopback only, so nothing is exposed by accident.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
@@ -32,8 +40,18 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `host` on every event; the machine's hostname by default.
     pub node_name: String,
-    /// Events kept in the outbox before the oldest is dropped (and counted).
+    /// Directory of the durable outbox (`outbox.sqlite`); created when missing.
+    pub state_dir: PathBuf,
+    /// Events kept in the outbox before the drop policy applies (and counts).
     pub outbox_capacity: usize,
+    /// Age after which events are removed from the outbox.
+    pub outbox_max_age: Duration,
+    /// Period of `heartbeat` events.
+    pub heartbeat_interval: Duration,
+    /// Webhook sinks (`[[webhook]]`, or `--webhook URL` which replaces them).
+    pub webhooks: Vec<WebhookConfig>,
+    /// NATS JetStream sinks (`[[nats]]`).
+    pub nats: Vec<NatsConfig>,
     /// Kernel BTF used to resolve struct offsets.
     pub btf_path: PathBuf,
     /// `tracing` filter used when RUST_LOG is unset.
@@ -63,7 +81,12 @@ impl Default for Config {
         Self {
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
             node_name: hostname(),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             outbox_capacity: outbox::DEFAULT_CAPACITY,
+            outbox_max_age: outbox::DEFAULT_MAX_AGE,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            webhooks: Vec::new(),
+            nats: Vec::new(),
             btf_path: PathBuf::from(crate::probe::btf::VMLINUX_BTF),
             log_level: "info".into(),
             // A second: ten times faster than kubelet's eviction loop, cheap
@@ -83,9 +106,17 @@ impl Default for Config {
 pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub node_name: Option<String>,
+    pub state_dir: Option<PathBuf>,
     pub outbox_capacity: Option<usize>,
+    /// A duration: `7d`, `12h`, …
+    pub outbox_max_age: Option<String>,
+    pub heartbeat_interval: Option<String>,
     pub btf_path: Option<PathBuf>,
     pub log_level: Option<String>,
+    #[serde(default)]
+    pub webhook: Vec<WebhookFile>,
+    #[serde(default)]
+    pub nats: Vec<NatsFile>,
     pub sample_interval: Option<Span>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
@@ -127,6 +158,9 @@ pub struct RuleConfig {
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub node_name: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    /// `--webhook URL`, repeatable: when given, these replace `[[webhook]]`.
+    pub webhooks: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,7 +174,7 @@ pub enum ConfigError {
     #[error("config file {path}: {message}")]
     Parse { path: String, message: String },
     #[error("invalid configuration: `{key}` {problem}")]
-    Invalid { key: &'static str, problem: String },
+    Invalid { key: String, problem: String },
 }
 
 impl Config {
@@ -158,6 +192,17 @@ impl Config {
         if let Some(name) = &overrides.node_name {
             config.node_name = name.clone();
         }
+        if let Some(dir) = &overrides.state_dir {
+            config.state_dir = dir.clone();
+        }
+        if !overrides.webhooks.is_empty() {
+            config.webhooks = overrides
+                .webhooks
+                .iter()
+                .enumerate()
+                .map(|(i, url)| WebhookConfig::from_flag(i, url))
+                .collect::<Result<_, _>>()?;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -166,7 +211,10 @@ impl Config {
         let FileConfig {
             listen,
             node_name,
+            state_dir,
             outbox_capacity,
+            outbox_max_age,
+            heartbeat_interval,
             btf_path,
             log_level,
             sample_interval,
@@ -177,7 +225,28 @@ impl Config {
             growth_min,
             worker,
             rule,
+            webhook,
+            nats,
         } = file;
+        if let Some(v) = state_dir {
+            self.state_dir = v;
+        }
+        if let Some(v) = outbox_max_age {
+            self.outbox_max_age = duration("outbox_max_age", &v)?;
+        }
+        if let Some(v) = heartbeat_interval {
+            self.heartbeat_interval = duration("heartbeat_interval", &v)?;
+        }
+        self.webhooks = webhook
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| w.resolve(i))
+            .collect::<Result<_, _>>()?;
+        self.nats = nats
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| n.resolve(i))
+            .collect::<Result<_, _>>()?;
         set(&mut self.listen, listen);
         set(&mut self.node_name, node_name);
         set(&mut self.outbox_capacity, outbox_capacity);
@@ -237,6 +306,25 @@ impl Config {
         }
         if self.outbox_capacity == 0 {
             return Err(invalid("outbox_capacity", "must be at least 1"));
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            return Err(invalid("state_dir", "must not be empty"));
+        }
+        if self.outbox_max_age.is_zero() {
+            return Err(invalid("outbox_max_age", "must be more than 0"));
+        }
+        if self.heartbeat_interval < Duration::from_secs(1) {
+            return Err(invalid("heartbeat_interval", "must be at least 1s"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let sink_names = self.webhooks.iter().map(|w| &w.name);
+        for name in sink_names.chain(self.nats.iter().map(|n| &n.name)) {
+            if name.is_empty() || !names.insert(name) {
+                return Err(invalid(
+                    "name",
+                    format!("of a sink must be unique and not empty: {name:?}"),
+                ));
+            }
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             return Err(invalid("log_level", format!("is not a valid filter: {e}")));
@@ -317,11 +405,21 @@ fn worker_spec(index: usize, w: WorkerConfig) -> Result<WorkerSpec, ConfigError>
     })
 }
 
-fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
+fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        key,
+        key: key.into(),
         problem: problem.into(),
     }
+}
+
+/// A human duration (`90s`, `2m`, `7d`) for `key`.
+fn duration(key: impl Into<String>, text: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(text).map_err(|e| {
+        invalid(
+            key,
+            format!("is not a duration like \"30s\" ({e}): {text:?}"),
+        )
+    })
 }
 
 /// The kernel's hostname, or `localhost` if it cannot be read.
@@ -356,7 +454,7 @@ mod tests {
             file("listen = \"127.0.0.1:1111\"\nnode_name = \"from-file\"\noutbox_capacity = 5\n");
         let flags = Overrides {
             listen: Some("127.0.0.1:2222".parse().unwrap()),
-            node_name: None,
+            ..Overrides::default()
         };
         let c = Config::load(Some(f.path()), &flags).unwrap();
         assert_eq!(c.listen.port(), 2222);
@@ -471,6 +569,82 @@ soft_cap = "512MiB"
                 .to_string();
             assert!(err.contains(expected), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn delivery_keys_parse_with_defaults() {
+        let f = file(
+            "state_dir = \"/tmp/x\"\noutbox_max_age = \"2d\"\nheartbeat_interval = \"5s\"\n\
+             [[webhook]]\nurl = \"http://127.0.0.1:1/hook\"\nsecret = \"s3\"\ntimeout = \"3s\"\n\
+             [[webhook]]\nname = \"sched\"\nurl = \"https://sched.example/e\"\nbatch_size = 10\n\
+             [[nats]]\nurl = \"nats://127.0.0.1:4222\"\n",
+        );
+        let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+        assert_eq!(c.state_dir, Path::new("/tmp/x"));
+        assert_eq!(c.outbox_max_age, Duration::from_secs(2 * 86400));
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(5));
+        assert_eq!(c.webhooks[0].name, "webhook-1");
+        assert_eq!(c.webhooks[0].secret, Some(Secret("s3".into())));
+        assert_eq!(c.webhooks[0].delivery.timeout, Duration::from_secs(3));
+        assert_eq!(c.webhooks[1].name, "sched");
+        assert_eq!(c.webhooks[1].delivery.batch_size, 10);
+        assert_eq!(c.nats[0].subject, "memwatch.events");
+        assert_eq!(c.nats[0].stream, "MEMWATCH");
+        assert!(!format!("{c:?}").contains("s3"), "secrets are not printed");
+
+        // --webhook replaces the file's list; --state-dir wins.
+        let flags = Overrides {
+            state_dir: Some("/tmp/y".into()),
+            webhooks: vec!["http://127.0.0.1:2/a".into()],
+            ..Overrides::default()
+        };
+        let c = Config::load(Some(f.path()), &flags).unwrap();
+        assert_eq!(c.state_dir, Path::new("/tmp/y"));
+        assert_eq!(c.webhooks.len(), 1);
+        assert_eq!(c.webhooks[0].url.as_str(), "http://127.0.0.1:2/a");
+    }
+
+    #[test]
+    fn bad_delivery_values_are_named() {
+        for (text, expected) in [
+            (
+                "heartbeat_interval = \"soon\"\n",
+                "`heartbeat_interval` is not a duration",
+            ),
+            (
+                "[[webhook]]\nurl = \"ftp://x\"\n",
+                "`webhook[0].url` must be an http",
+            ),
+            (
+                "[[webhook]]\nurl = \"http://x\"\nbatch_size = 0\n",
+                "`webhook[0].batch_size`",
+            ),
+            (
+                "[[webhook]]\nurl = \"http://x\"\ntimeout = \"0s\"\n",
+                "`webhook[0].timeout`",
+            ),
+            (
+                "[[nats]]\nurl = \"n:1\"\nsubject = \"a.>\"\n",
+                "`nats[0].subject`",
+            ),
+            (
+                "[[webhook]]\nurl = \"http://x\"\nname = \"a\"\n[[nats]]\nurl = \"n\"\nname = \"a\"\n",
+                "`name` of a sink must be unique",
+            ),
+        ] {
+            let f = file(text);
+            let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains(expected), "{text}: {err}");
+        }
+        let f = file("[[webhook]]\nurl = \"http://x\"\nretries = 3\n");
+        let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("unknown field `retries`"), "{err}");
+        let flags = Overrides {
+            webhooks: vec!["not a url".into()],
+            ..Overrides::default()
+        };
+        let err = Config::load(None, &flags).unwrap_err();
+        assert!(err.to_string().contains("`--webhook`"), "{err}");
     }
 
     #[test]

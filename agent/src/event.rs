@@ -31,6 +31,20 @@ impl EventKind {
         Self::Heartbeat,
     ];
 
+    /// How much the kind matters when the outbox is full: lower is dropped
+    /// first (policy `drop_low_priority_first`, see the outbox).
+    pub fn priority(self) -> Priority {
+        match self {
+            Self::Heartbeat => Priority::Heartbeat,
+            Self::OomKill | Self::WorkerUnhealthy | Self::TaskRejected => Priority::Critical,
+            Self::AgentStarted
+            | Self::TaskStarted
+            | Self::TaskFinished
+            | Self::SoftCapExceeded
+            | Self::WorkerRecovered => Priority::Normal,
+        }
+    }
+
     /// The wire name, also used as a metric label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -45,6 +59,18 @@ impl EventKind {
             Self::Heartbeat => "heartbeat",
         }
     }
+}
+
+/// Drop order when the outbox is full: heartbeats first, then normal
+/// events; critical ones only when nothing else is left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Heartbeats: the next one says the same, newer.
+    Heartbeat = 0,
+    /// Task and worker life-cycle events a scheduler can rebuild from state.
+    Normal = 1,
+    /// `oom_kill`, `worker_unhealthy`, `task_rejected`: a scheduler must act on them.
+    Critical = 2,
 }
 
 /// Which limit an OOM kill hit.
@@ -110,6 +136,9 @@ pub struct EventBody {
     /// triggered the kill.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomDetails>,
+    /// Heartbeats: the agent's state (the same JSON as `GET /v1/status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,6 +172,7 @@ impl EventBody {
             reason: None,
             growth_bytes_per_sec: None,
             oom: None,
+            state: None,
         }
     }
 }

@@ -31,6 +31,13 @@ fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGauge
 fn counter(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
     IntCounterVec::new(Opts::new(name, help), labels)
 }
+pub const OUTBOX_STORED: &str = "memwatch_outbox_stored_events";
+pub const OUTBOX_PENDING: &str = "memwatch_outbox_pending_events";
+pub const OUTBOX_UNPERSISTED_TOTAL: &str = "memwatch_outbox_unpersisted_total";
+pub const SINK_DELIVERED_TOTAL: &str = "memwatch_sink_delivered_total";
+pub const SINK_RETRIES_TOTAL: &str = "memwatch_sink_retries_total";
+pub const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
+pub const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
 pub fn init_logging(default_level: &str) {
@@ -71,6 +78,20 @@ pub struct Metrics {
     pub soft_cap_crossings: IntCounterVec,
     /// OOM kills attributed to a worker's tasks or the worker itself.
     pub task_oom_kills: IntCounterVec,
+    /// Events in the outbox database.
+    pub outbox_stored: IntGauge,
+    /// Events held in memory because the state directory cannot be written.
+    pub outbox_pending: IntGauge,
+    /// Events that could not be written to the state directory when made.
+    pub outbox_unpersisted: IntCounter,
+    /// Events a sink acknowledged, by sink name.
+    pub sink_delivered: IntCounterVec,
+    /// Batches sent again after a failure, by sink name.
+    pub sink_retries: IntCounterVec,
+    /// Failed attempts, by sink name and class (`connect`, `timeout`, `status`, `other`).
+    pub sink_failures: IntCounterVec,
+    /// Events a sink has not acknowledged yet, by sink name.
+    pub sink_backlog: IntGaugeVec,
 }
 
 impl Metrics {
@@ -91,6 +112,13 @@ impl Metrics {
             Box::new(self.task_rejections.clone()),
             Box::new(self.soft_cap_crossings.clone()),
             Box::new(self.task_oom_kills.clone()),
+            Box::new(self.outbox_stored.clone()),
+            Box::new(self.outbox_pending.clone()),
+            Box::new(self.outbox_unpersisted.clone()),
+            Box::new(self.sink_delivered.clone()),
+            Box::new(self.sink_retries.clone()),
+            Box::new(self.sink_failures.clone()),
+            Box::new(self.sink_backlog.clone()),
         ]
     }
 
@@ -133,7 +161,7 @@ impl Metrics {
             events_dropped: IntCounterVec::new(
                 Opts::new(
                     EVENTS_DROPPED_TOTAL,
-                    "Events lost before delivery, by reason.",
+                    "Events lost before every consumer had them, by reason.",
                 ),
                 &["reason"],
             )?,
@@ -182,6 +210,31 @@ impl Metrics {
                 TASK_OOM_KILLS_TOTAL,
                 "OOM kills attributed to a worker.",
                 &["worker"],
+            )?,
+            outbox_stored: IntGauge::new(OUTBOX_STORED, "Events in the outbox database.")?,
+            outbox_pending: IntGauge::new(
+                OUTBOX_PENDING,
+                "Events held in memory because the state directory cannot be written.",
+            )?,
+            outbox_unpersisted: IntCounter::new(
+                OUTBOX_UNPERSISTED_TOTAL,
+                "Events that could not be written to the state directory when made.",
+            )?,
+            sink_delivered: IntCounterVec::new(
+                Opts::new(SINK_DELIVERED_TOTAL, "Events acknowledged by a sink."),
+                &["sink"],
+            )?,
+            sink_retries: IntCounterVec::new(
+                Opts::new(SINK_RETRIES_TOTAL, "Batches sent again after a failure."),
+                &["sink"],
+            )?,
+            sink_failures: IntCounterVec::new(
+                Opts::new(SINK_FAILURES_TOTAL, "Failed delivery attempts, by class."),
+                &["sink", "class"],
+            )?,
+            sink_backlog: IntGaugeVec::new(
+                Opts::new(SINK_BACKLOG, "Events a sink has not acknowledged yet."),
+                &["sink"],
             )?,
         };
         for collector in metrics.collectors() {

@@ -60,6 +60,32 @@ fn invalid_config_exits_2_naming_the_key() {
 }
 
 #[test]
+fn invalid_delivery_settings_exit_2_naming_the_key() {
+    let out = memwatch(&["run", "--webhook", "not a url"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--webhook` is not a valid URL"),
+        "{}",
+        stderr(&out)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memwatch.toml");
+    fs::write(
+        &path,
+        "[[webhook]]\nurl = \"http://127.0.0.1:1/\"\nretry_initial = \"often\"\n",
+    )
+    .unwrap();
+    let out = memwatch(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`webhook[0].retry_initial` is not a duration"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn events_without_an_agent_says_so() {
     // A port that nothing listens on any more.
     let port = TcpListener::bind("127.0.0.1:0")
@@ -83,7 +109,13 @@ fn version_and_help_work() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("memwatch "));
     let out = memwatch(&["run", "--help"]);
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--config", "--listen", "--node-name"] {
+    for flag in [
+        "--config",
+        "--listen",
+        "--node-name",
+        "--state-dir",
+        "--webhook",
+    ] {
         assert!(help.contains(flag), "{flag} in {help}");
     }
 }

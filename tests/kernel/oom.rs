@@ -238,3 +238,56 @@ async fn cgroup_removed_right_after_its_oom_still_resolves_to_its_path() {
         "{event:?}"
     );
 }
+
+#[tokio::test]
+async fn oom_kill_while_the_agent_was_down_is_reported_at_the_next_start() {
+    if !kernel_tests_enabled("oom_kill_while_the_agent_was_down_is_reported_at_the_next_start") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("missed");
+    cgroup.limit(64 * MIB);
+    let mut agent = Agent::start_in(state.path(), &[]).await;
+    assert_eq!(agent.stop(), Some(0), "log:\n{}", agent.log_text());
+
+    // The kill happens while no agent runs.
+    let memhog = workspace_bin("memhog");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(cgroup.exec_line(&format!("{} 200 30", memhog.display())))
+        .stdout(Stdio::null())
+        .status()
+        .expect("run memhog");
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "memhog must be OOM-killed: {status}"
+    );
+
+    let agent = Agent::start_in(state.path(), &[]).await;
+    let path = cgroup.path().to_str().unwrap();
+    let seen = wait_for_event(&agent, Duration::from_secs(10), |e| {
+        e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path)
+    })
+    .await;
+    let Some((event, _)) = seen else {
+        panic!(
+            "no recovered oom_kill for {path}; log:\n{}",
+            agent.log_text()
+        );
+    };
+    let reason = event.body.reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.starts_with("recovered after the fact: 1 OOM kill in this cgroup"),
+        "{reason}"
+    );
+    assert_eq!(event.host, "test-node");
+    // Exactly one: the kill is not reported again.
+    let all = agent.events(0).await;
+    let reported = all
+        .iter()
+        .filter(|e| e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path))
+        .count();
+    assert_eq!(reported, 1, "{all:?}");
+}

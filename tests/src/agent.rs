@@ -3,7 +3,7 @@
 use std::{
     fs,
     net::TcpListener,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -22,6 +22,8 @@ pub struct Agent {
     pub base_url: String,
     log: PathBuf,
     client: reqwest::Client,
+    /// The state directory made for this agent, when the test gave none.
+    _state: Option<tempfile::TempDir>,
 }
 
 impl Agent {
@@ -39,8 +41,18 @@ impl Agent {
         agent
     }
 
-    /// Starts the agent with `extra` flags and waits until `/ready` says 200.
+    /// Starts the agent with `extra` flags and a fresh state directory of
+    /// its own, and waits until `/ready` says 200.
     pub async fn start(extra: &[&str]) -> Agent {
+        let state = tempfile::tempdir().expect("state dir");
+        let mut agent = Self::start_in(state.path(), extra).await;
+        agent._state = Some(state);
+        agent
+    }
+
+    /// Starts the agent with `--state-dir state_dir` (kept by the caller,
+    /// e.g. across a restart) and `extra` flags; waits until it is ready.
+    pub async fn start_in(state_dir: &Path, extra: &[&str]) -> Agent {
         let port = free_port();
         let log =
             std::env::temp_dir().join(format!("memwatch-test-{}-{port}.log", std::process::id()));
@@ -51,7 +63,9 @@ impl Agent {
                 &format!("127.0.0.1:{port}"),
                 "--node-name",
                 "test-node",
+                "--state-dir",
             ])
+            .arg(state_dir)
             .args(extra)
             .env("RUST_LOG", "memwatch=debug,info")
             .stdout(Stdio::null())
@@ -66,6 +80,7 @@ impl Agent {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .expect("http client"),
+            _state: None,
         };
         agent.wait_ready().await;
         agent

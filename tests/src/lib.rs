@@ -4,6 +4,8 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod nats;
+pub mod tmpfs;
 
 use std::path::PathBuf;
 

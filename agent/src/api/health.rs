@@ -6,10 +6,9 @@ use axum::{
     http::StatusCode,
 };
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 
 use super::{ApiError, AppState};
-use crate::watchdog::{Health, self_health, worker::WorkerView};
+use crate::watchdog::{Health, worker::WorkerView};
 
 #[derive(Serialize)]
 pub struct HealthBody {
@@ -48,14 +47,8 @@ pub async fn health(
             ));
         }
     }
-    let probe = state.probe();
-    let mut verdict = self_health::assess(&probe, Instant::now());
-    for w in &workers {
-        for reason in &w.reasons {
-            verdict.add(w.status, format!("worker {}: {reason}", w.name));
-        }
-        verdict.status = verdict.status.max(w.status);
-    }
+    let probe = state.probe().clone();
+    let verdict = crate::status::overall(&probe, &state.outbox.status(), &workers);
     let code = match verdict.status {
         Health::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
         Health::Healthy | Health::Degraded => StatusCode::OK,

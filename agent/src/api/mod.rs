@@ -19,7 +19,9 @@ use axum::{
 };
 use prometheus::Registry;
 
-use crate::{monitor::Monitor, shipper::outbox::Outbox, watchdog::self_health::ProbeState};
+use crate::{
+    monitor::Monitor, shipper::outbox::Outbox, status::StateFn, watchdog::self_health::ProbeState,
+};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -30,6 +32,8 @@ pub struct AppState {
     pub monitor: Arc<Monitor>,
     /// Required on mutating routes when set.
     pub api_token: Option<Arc<str>>,
+    /// The full state for `/v1/status`.
+    pub status: StateFn,
 }
 
 impl AppState {

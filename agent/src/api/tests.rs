@@ -43,11 +43,19 @@ fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
         outbox.clone(),
         metrics,
     );
+    let probe: Arc<Mutex<ProbeState>> = Arc::default();
+    let monitor = Arc::new(monitor);
     AppState {
+        status: crate::status::agent_state(
+            "test-host".into(),
+            probe.clone(),
+            outbox.clone(),
+            monitor.clone(),
+        ),
         outbox,
         registry,
-        probe: Arc::default(),
-        monitor: Arc::new(monitor),
+        probe,
+        monitor,
         api_token: token.map(Arc::from),
     }
 }
@@ -157,6 +165,24 @@ async fn metrics_export_oom_counter() {
         body.contains("memwatch_events_total{kind=\"oom_kill\"} 1"),
         "{body}"
     );
+}
+
+#[tokio::test]
+async fn status_has_version_source_and_sink_backlog() {
+    let state = state();
+    attach(&state);
+    state.outbox.register_sink("hook");
+    state
+        .outbox
+        .append(EventBody::new(EventKind::OomKill), None);
+    let (code, body) = get(&state, "/v1/status").await;
+    assert_eq!(code, StatusCode::OK);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(json["source"], "ebpf");
+    assert_eq!(json["health"]["status"], "healthy");
+    assert_eq!(json["outbox"]["last_seq"], 1);
+    assert_eq!(json["outbox"]["sinks"]["hook"]["backlog"], 1);
 }
 
 #[tokio::test]

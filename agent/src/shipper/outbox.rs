@@ -1,61 +1,167 @@
-//! The outbox: every event is appended here, numbered, before anything reads
-//! or ships it.
+//! The outbox: every event is numbered and written to the state directory
+//! (SQLite, see store.rs) before anything reads or ships it.
 //!
-//! This one lives in memory and is bounded: when full it drops the oldest
-//! event and counts the drop (`memwatch_events_dropped_total{reason="outbox_full"}`).
-//! The delivery issue replaces it with a durable store under `--state-dir`
-//! whose `seq` survives restarts.
+//! - `seq` is per host, strictly increasing, and survives restarts.
+//! - Bounded by count (`outbox_capacity`) and age (`outbox_max_age`), with
+//!   the policy [`DROP_POLICY`]: heartbeats go first, then normal events;
+//!   `oom_kill`, `worker_unhealthy` and `task_rejected` only when no event
+//!   of a lower priority is left; oldest first within a priority. Each
+//!   removed event not yet acknowledged by every sink is counted in
+//!   `memwatch_events_dropped_total{reason="outbox_full"|"expired"}`.
+//! - When the state directory cannot be written (disk full, read-only), the
+//!   agent keeps going: events wait in a bounded queue in memory (same
+//!   policy, `reason="unpersisted_full"`), `/health` says `degraded`, and the
+//!   queue is written out as soon as a write succeeds again.
+//! - Each sink has a cursor (the last seq it acknowledged), stored in the
+//!   same file, so that one slow sink does not hold another.
 
 use std::{
-    collections::VecDeque,
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, VecDeque},
+    path::Path,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use tokio::sync::watch;
+use tracing::{info, warn};
 
+use super::store::{Store, StoreError};
 use crate::{
     event::{Event, EventBody},
     telemetry::Metrics,
 };
 
-/// Default number of events kept in memory.
-pub const DEFAULT_CAPACITY: usize = 10_000;
+/// Default number of events kept.
+pub const DEFAULT_CAPACITY: usize = 100_000;
+/// Default age after which an event is removed (seven days).
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Events held in memory while the state directory cannot be written.
+pub const PENDING_CAPACITY: usize = 10_000;
+/// The name of the policy applied when a bound is reached.
+pub const DROP_POLICY: &str = "drop_low_priority_first";
+
+/// How big the outbox may grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_events: u64,
+    pub max_age: Duration,
+    /// Events held in memory while writes fail.
+    pub pending: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_events: DEFAULT_CAPACITY as u64,
+            max_age: DEFAULT_MAX_AGE,
+            pending: PENDING_CAPACITY,
+        }
+    }
+}
+
+/// A snapshot for `/health`, `/v1/status` and heartbeats.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct OutboxStatus {
+    pub last_seq: u64,
+    /// Events in the database.
+    pub stored: u64,
+    /// Events held in memory because the state directory cannot be written.
+    pub pending: u64,
+    /// Why the last write failed, while writes fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persist_error: Option<String>,
+    pub sinks: BTreeMap<String, SinkStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SinkStatus {
+    pub acked_seq: u64,
+    /// Events this sink has not acknowledged yet.
+    pub backlog: u64,
+}
 
 #[derive(Clone)]
 pub struct Outbox {
     inner: Arc<Mutex<Inner>>,
     host: Arc<str>,
     metrics: Metrics,
-    /// The newest seq, for readers that wait for more (`events --follow`).
+    /// The newest seq, for readers that wait for more (sinks, `events --follow`).
     newest: watch::Sender<u64>,
 }
 
 struct Inner {
+    store: Store,
+    limits: Limits,
     next_seq: u64,
-    capacity: usize,
-    events: VecDeque<Event>,
+    /// Rows in the store (kept here so appends need no COUNT).
+    stored: u64,
+    /// Not yet written, oldest first; all newer than anything stored.
+    pending: VecDeque<Event>,
+    persist_error: Option<String>,
+    cursors: BTreeMap<String, u64>,
+    /// Cursors moved while the store could not be written.
+    cursors_dirty: bool,
 }
 
 impl Outbox {
+    /// Opens the durable outbox in `state_dir` (created when missing).
+    pub fn open(
+        state_dir: &Path,
+        host: impl Into<Arc<str>>,
+        limits: Limits,
+        metrics: Metrics,
+    ) -> Result<Self, StoreError> {
+        Self::with_store(Store::open(state_dir)?, host, limits, metrics)
+    }
+
+    /// An outbox in memory only, bounded to `capacity` events (tests).
     pub fn new(host: impl Into<Arc<str>>, capacity: usize, metrics: Metrics) -> Self {
-        Self {
+        let limits = Limits {
+            max_events: capacity.max(1) as u64,
+            ..Limits::default()
+        };
+        let store = Store::in_memory().expect("an in-memory SQLite database");
+        Self::with_store(store, host, limits, metrics).expect("a fresh in-memory outbox")
+    }
+
+    fn with_store(
+        store: Store,
+        host: impl Into<Arc<str>>,
+        limits: Limits,
+        metrics: Metrics,
+    ) -> Result<Self, StoreError> {
+        let last = store.last_seq()?;
+        let stored = store.count()?;
+        let outbox = Self {
             inner: Arc::new(Mutex::new(Inner {
-                next_seq: 1,
-                capacity: capacity.max(1),
-                events: VecDeque::new(),
+                store,
+                limits,
+                next_seq: last + 1,
+                stored,
+                pending: VecDeque::new(),
+                persist_error: None,
+                cursors: BTreeMap::new(),
+                cursors_dirty: false,
             })),
             host: host.into(),
             metrics,
-            newest: watch::channel(0).0,
-        }
+            newest: watch::channel(last).0,
+        };
+        outbox.prune_expired(Utc::now());
+        outbox.metrics.outbox_stored.set(stored as i64);
+        Ok(outbox)
     }
 
     /// Numbers and stores an event. `time` is when it happened; `None` means now.
+    ///
+    /// Never fails: when the state directory cannot be written the event
+    /// waits in memory (see the module docs).
     pub fn append(&self, body: EventBody, time: Option<DateTime<Utc>>) -> Event {
         let kind = body.kind;
         let event = {
-            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let mut inner = self.lock();
             let seq = inner.next_seq;
             inner.next_seq += 1;
             let event = Event {
@@ -65,14 +171,11 @@ impl Outbox {
                 host: self.host.to_string(),
                 body,
             };
-            if inner.events.len() == inner.capacity {
-                inner.events.pop_front();
-                self.metrics
-                    .events_dropped
-                    .with_label_values(&["outbox_full"])
-                    .inc();
+            inner.pending.push_back(event.clone());
+            if !self.flush(&mut inner) {
+                self.metrics.outbox_unpersisted.inc();
+                self.bound_pending(&mut inner);
             }
-            inner.events.push_back(event.clone());
             event
         };
         self.metrics
@@ -85,10 +188,24 @@ impl Outbox {
 
     /// Up to `limit` events with `seq > after`, oldest first.
     pub fn read(&self, after: u64, limit: usize) -> Vec<Event> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        // Events are in seq order: skip by binary search, not a scan.
-        let start = inner.events.partition_point(|e| e.seq <= after);
-        inner.events.range(start..).take(limit).cloned().collect()
+        let inner = self.lock();
+        let mut events = match inner.store.read(after, limit) {
+            Ok(events) => events,
+            Err(error) => {
+                warn!(%error, after, "cannot read the outbox database");
+                Vec::new()
+            }
+        };
+        let room = limit.saturating_sub(events.len());
+        events.extend(
+            inner
+                .pending
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(room)
+                .cloned(),
+        );
+        events
     }
 
     /// Watches the newest seq.
@@ -99,57 +216,196 @@ impl Outbox {
     pub fn host(&self) -> &str {
         &self.host
     }
+
+    /// Makes `sink` known and returns its cursor: the last seq it
+    /// acknowledged (0 for a sink never seen, which then gets everything kept).
+    pub fn register_sink(&self, sink: &str) -> u64 {
+        let mut inner = self.lock();
+        let seq = match inner.store.cursor(sink) {
+            Ok(seq) => seq.unwrap_or(0),
+            Err(error) => {
+                warn!(%error, sink, "cannot read the sink's cursor; starting from the oldest event kept");
+                0
+            }
+        };
+        inner.cursors.insert(sink.to_string(), seq);
+        seq
+    }
+
+    /// `sink` acknowledged every event up to `seq`.
+    pub fn ack(&self, sink: &str, seq: u64) {
+        let mut inner = self.lock();
+        inner.cursors.insert(sink.to_string(), seq);
+        inner.cursors_dirty = true;
+        self.flush(&mut inner);
+    }
+
+    /// Events `sink` has not acknowledged yet.
+    pub fn backlog(&self, sink: &str) -> u64 {
+        let inner = self.lock();
+        let acked = inner.cursors.get(sink).copied().unwrap_or(0);
+        backlog(&inner, acked)
+    }
+
+    pub fn status(&self) -> OutboxStatus {
+        let inner = self.lock();
+        OutboxStatus {
+            last_seq: inner.next_seq - 1,
+            stored: inner.stored,
+            pending: inner.pending.len() as u64,
+            persist_error: inner.persist_error.clone(),
+            sinks: inner
+                .cursors
+                .iter()
+                .map(|(name, &acked_seq)| {
+                    let backlog = backlog(&inner, acked_seq);
+                    (name.clone(), SinkStatus { acked_seq, backlog })
+                })
+                .collect(),
+        }
+    }
+
+    /// The kernel OOM-kill counters saved by the last run (see reconcile.rs);
+    /// `None` when never saved or unreadable.
+    pub fn saved_oom_counts(&self) -> Option<BTreeMap<String, u64>> {
+        match self.lock().store.oom_counts() {
+            Ok(counts) => counts,
+            Err(error) => {
+                warn!(%error, "cannot read the saved OOM counters");
+                None
+            }
+        }
+    }
+
+    /// Saves the kernel OOM-kill counters; false when it could not.
+    pub fn save_oom_counts(&self, counts: &BTreeMap<String, u64>) -> bool {
+        match self.lock().store.save_oom_counts(counts) {
+            Ok(()) => true,
+            Err(error) => {
+                warn!(%error, "cannot save the OOM counters");
+                false
+            }
+        }
+    }
+
+    /// Periodic upkeep: writes out what waits in memory (and moved
+    /// cursors). Returns whether everything is written.
+    pub fn maintain(&self) -> bool {
+        let mut inner = self.lock();
+        self.flush(&mut inner)
+    }
+
+    /// Removes events stored before `now - max_age` (see the policy).
+    pub fn prune_expired(&self, now: DateTime<Utc>) {
+        let mut inner = self.lock();
+        let max_age =
+            chrono::Duration::from_std(inner.limits.max_age).unwrap_or(chrono::Duration::MAX);
+        let cutoff = now
+            .checked_sub_signed(max_age)
+            .map_or(i64::MIN, |t| t.timestamp_millis());
+        match inner.store.remove_stored_before(cutoff) {
+            Ok(seqs) => self.removed(&mut inner, &seqs, "expired"),
+            Err(error) => warn!(%error, "cannot remove expired events"),
+        }
+    }
+
+    /// Tries to write every pending event and moved cursor; true when
+    /// nothing is left unwritten.
+    fn flush(&self, inner: &mut Inner) -> bool {
+        if !inner.pending.is_empty() {
+            let events: Vec<Event> = inner.pending.iter().cloned().collect();
+            let now_ms = Utc::now().timestamp_millis();
+            let mut result = inner.store.insert(&events, now_ms);
+            if result.is_err() && inner.store.checkpoint().is_ok() {
+                // The log's space is free again: one more try.
+                result = inner.store.insert(&events, now_ms);
+            }
+            match result {
+                Ok(()) => {
+                    inner.stored += events.len() as u64;
+                    inner.pending.clear();
+                    if inner.persist_error.take().is_some() {
+                        info!(
+                            events = events.len(),
+                            "state directory writable again; events held in memory are now stored"
+                        );
+                    }
+                    let over = inner.stored.saturating_sub(inner.limits.max_events);
+                    if over > 0 {
+                        match inner.store.remove_in_drop_order(over) {
+                            Ok(seqs) => self.removed(inner, &seqs, "outbox_full"),
+                            Err(error) => warn!(%error, "cannot remove events from a full outbox"),
+                        }
+                    }
+                }
+                Err(error) => {
+                    if inner.persist_error.is_none() {
+                        warn!(%error, "cannot write the outbox; holding events in memory");
+                    }
+                    inner.persist_error = Some(error.to_string());
+                }
+            }
+        }
+        if inner.cursors_dirty && inner.persist_error.is_none() {
+            match inner.store.set_cursors(&inner.cursors) {
+                Ok(()) => inner.cursors_dirty = false,
+                Err(error) => warn!(%error, "cannot store the sinks' cursors; will retry"),
+            }
+        }
+        self.metrics.outbox_stored.set(inner.stored as i64);
+        self.metrics.outbox_pending.set(inner.pending.len() as i64);
+        inner.pending.is_empty()
+    }
+
+    /// Applies the drop policy to the in-memory queue.
+    fn bound_pending(&self, inner: &mut Inner) {
+        while inner.pending.len() > inner.limits.pending.max(1) {
+            // The first (oldest) event of the lowest priority present.
+            let victim = inner
+                .pending
+                .iter()
+                .enumerate()
+                .min_by_key(|(i, e)| (e.body.kind.priority(), *i))
+                .map(|(i, _)| i)
+                .expect("a non-empty queue");
+            let event = inner.pending.remove(victim).expect("index in range");
+            self.count_dropped(inner, &[event.seq], "unpersisted_full");
+        }
+        self.metrics.outbox_pending.set(inner.pending.len() as i64);
+    }
+
+    fn removed(&self, inner: &mut Inner, seqs: &[u64], reason: &'static str) {
+        if seqs.is_empty() {
+            return;
+        }
+        inner.stored = inner.stored.saturating_sub(seqs.len() as u64);
+        self.count_dropped(inner, seqs, reason);
+    }
+
+    /// Counts the events in `seqs` that some sink (or, without sinks, a
+    /// reader of `/v1/events`) had not received: those are lost.
+    fn count_dropped(&self, inner: &Inner, seqs: &[u64], reason: &'static str) {
+        let delivered_up_to = inner.cursors.values().copied().min().unwrap_or(0);
+        let lost = seqs.iter().filter(|&&s| s > delivered_up_to).count() as u64;
+        if lost > 0 {
+            warn!(lost, reason, policy = DROP_POLICY, "events dropped");
+            self.metrics
+                .events_dropped
+                .with_label_values(&[reason])
+                .inc_by(lost);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn backlog(inner: &Inner, acked: u64) -> u64 {
+    let stored = inner.store.count_after(acked).unwrap_or(0);
+    let pending = inner.pending.iter().filter(|e| e.seq > acked).count() as u64;
+    stored + pending
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::event::EventKind;
-
-    fn outbox(capacity: usize) -> (Outbox, Metrics) {
-        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-        (Outbox::new("h1", capacity, metrics.clone()), metrics)
-    }
-
-    #[test]
-    fn seq_increases_and_ids_are_unique() {
-        let (outbox, _) = outbox(10);
-        let a = outbox.append(EventBody::new(EventKind::AgentStarted), None);
-        let b = outbox.append(EventBody::new(EventKind::OomKill), None);
-        assert_eq!((a.seq, b.seq), (1, 2));
-        assert_ne!(a.id, b.id);
-        assert_eq!(a.host, "h1");
-    }
-
-    #[test]
-    fn read_pages_after_a_seq() {
-        let (outbox, _) = outbox(10);
-        for _ in 0..5 {
-            outbox.append(EventBody::new(EventKind::OomKill), None);
-        }
-        let seqs = |after, limit| -> Vec<u64> {
-            outbox.read(after, limit).iter().map(|e| e.seq).collect()
-        };
-        assert_eq!(seqs(0, 2), [1, 2]);
-        assert_eq!(seqs(2, 10), [3, 4, 5]);
-        assert!(seqs(5, 10).is_empty());
-    }
-
-    #[test]
-    fn full_outbox_drops_oldest_and_counts_it() {
-        let (outbox, metrics) = outbox(3);
-        for _ in 0..5 {
-            outbox.append(EventBody::new(EventKind::OomKill), None);
-        }
-        let seqs: Vec<u64> = outbox.read(0, 10).iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, [3, 4, 5]);
-        assert_eq!(
-            metrics
-                .events_dropped
-                .with_label_values(&["outbox_full"])
-                .get(),
-            2
-        );
-        assert_eq!(metrics.events.with_label_values(&["oom_kill"]).get(), 5);
-    }
-}
+mod tests;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Health, Verdict};
-use crate::probe::SourceKind;
+use crate::{probe::SourceKind, shipper::outbox::OutboxStatus};
 
 /// How long a kernel-side event loss keeps the agent `degraded`.
 pub const LOSS_MEMORY: Duration = Duration::from_secs(300);
@@ -63,9 +63,43 @@ pub fn assess(probe: &ProbeState, now: Instant) -> Verdict {
     verdict
 }
 
+/// Adds the outbox's part: a state directory that cannot be written makes
+/// the agent `degraded` (events wait in memory and die with the process).
+pub fn assess_outbox(outbox: &OutboxStatus, verdict: &mut Verdict) {
+    if let Some(error) = &outbox.persist_error {
+        verdict.add(
+            Health::Degraded,
+            format!(
+                "state directory not writable ({error}): {} events held in memory only",
+                outbox.pending
+            ),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unwritable_state_directory_is_degraded_with_reason() {
+        let mut verdict = Verdict::healthy();
+        assess_outbox(&OutboxStatus::default(), &mut verdict);
+        assert_eq!(verdict, Verdict::healthy());
+        let status = OutboxStatus {
+            pending: 7,
+            persist_error: Some("database or disk is full".into()),
+            ..OutboxStatus::default()
+        };
+        assess_outbox(&status, &mut verdict);
+        assert_eq!(verdict.status, Health::Degraded);
+        assert_eq!(
+            verdict.reasons,
+            [
+                "state directory not writable (database or disk is full): 7 events held in memory only"
+            ]
+        );
+    }
 
     fn running() -> ProbeState {
         ProbeState {

@@ -1,0 +1,182 @@
+//! OOM kills that happened while the agent was not running.
+//!
+//! The kernel counts OOM kills per memory cgroup (v1 `memory.oom_control`,
+//! v2 `memory.events.local` or `memory.events`: the line `oom_kill N`).
+//! The agent saves those counters in its state directory while it runs;
+//! at start it compares them with the kernel's and reports each cgroup
+//! whose counter grew as an `oom_kill` event whose `reason` says it was
+//! recovered after the fact (the victim's pid and name are not known).
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use tracing::warn;
+
+use crate::{
+    cgroup::{CgroupVersion, MemoryHierarchy},
+    event::{EventBody, EventKind},
+};
+
+/// Most cgroups looked at in one scan (a bound on a runaway hierarchy).
+pub const MAX_CGROUPS: usize = 100_000;
+
+/// The kernel's OOM-kill counter of every memory cgroup, by path.
+pub fn read_oom_counts(hierarchy: &MemoryHierarchy) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    let mut stack: Vec<PathBuf> = vec![hierarchy.root.clone()];
+    let mut seen = 0;
+    while let Some(dir) = stack.pop() {
+        seen += 1;
+        if seen > MAX_CGROUPS {
+            warn!(
+                max = MAX_CGROUPS,
+                "too many memory cgroups; OOM counters of the rest are not read"
+            );
+            break;
+        }
+        if let Some(kills) = oom_kills(&dir, hierarchy.version) {
+            counts.insert(dir.display().to_string(), kills);
+        }
+        // Cgroups come and go while we walk: a vanished one is skipped.
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    counts
+}
+
+/// `oom_kill N` of one cgroup: kills of its own tasks only (v2's
+/// `memory.events` also counts those of every descendant).
+fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
+    let files: &[&str] = match version {
+        CgroupVersion::V1 => &["memory.oom_control"],
+        CgroupVersion::V2 => &["memory.events.local", "memory.events"],
+    };
+    files.iter().find_map(|file| {
+        let text = fs::read_to_string(dir.join(file)).ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+    })
+}
+
+/// The events for kills counted since `saved`. Nothing without a saved
+/// baseline: on a first run, no one knows when the kernel's counts grew.
+pub fn recovered_kills(
+    saved: Option<&BTreeMap<String, u64>>,
+    now: &BTreeMap<String, u64>,
+) -> Vec<EventBody> {
+    let Some(saved) = saved else {
+        return Vec::new();
+    };
+    now.iter()
+        .filter_map(|(cgroup, &kills)| {
+            // A cgroup made while the agent was down started at 0.
+            let before = saved.get(cgroup).copied().unwrap_or(0);
+            // A counter that went down is a new cgroup under an old name.
+            let before = if kills < before { 0 } else { before };
+            let missed = kills - before;
+            (missed > 0).then(|| {
+                let mut body = EventBody::new(EventKind::OomKill);
+                body.cgroup = Some(cgroup.clone());
+                body.reason = Some(format!(
+                    "recovered after the fact: {missed} OOM kill{} in this cgroup while the agent was \
+                     not running (kernel counter {before} -> {kills}); victim unknown",
+                    if missed == 1 { "" } else { "s" }
+                ));
+                body
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hierarchy(version: CgroupVersion) -> (tempfile::TempDir, MemoryHierarchy) {
+        let dir = tempfile::tempdir().unwrap();
+        let hierarchy = MemoryHierarchy {
+            root: dir.path().to_path_buf(),
+            version,
+        };
+        (dir, hierarchy)
+    }
+
+    #[test]
+    fn reads_v1_oom_control_counters_recursively() {
+        let (dir, h) = hierarchy(CgroupVersion::V1);
+        let job = dir.path().join("slurm/job_7");
+        fs::create_dir_all(&job).unwrap();
+        fs::write(
+            dir.path().join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
+        )
+        .unwrap();
+        fs::write(
+            job.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        )
+        .unwrap();
+        let counts = read_oom_counts(&h);
+        assert_eq!(counts.len(), 2, "{counts:?}");
+        assert_eq!(counts[&dir.path().display().to_string()], 4);
+        assert_eq!(counts[&job.display().to_string()], 1);
+    }
+
+    #[test]
+    fn v2_prefers_the_local_counter() {
+        let (dir, h) = hierarchy(CgroupVersion::V2);
+        fs::write(dir.path().join("memory.events"), "oom 5\noom_kill 5\n").unwrap();
+        fs::write(
+            dir.path().join("memory.events.local"),
+            "oom 1\noom_kill 2\n",
+        )
+        .unwrap();
+        assert_eq!(read_oom_counts(&h)[&dir.path().display().to_string()], 2);
+    }
+
+    #[test]
+    fn kills_since_the_saved_counts_become_events() {
+        let now = BTreeMap::from([
+            ("/cg/a".to_string(), 3),
+            ("/cg/b".to_string(), 1),
+            ("/cg/new".to_string(), 2),
+            ("/cg/reused".to_string(), 1),
+        ]);
+        assert!(
+            recovered_kills(None, &now).is_empty(),
+            "first run: no baseline"
+        );
+        let saved = BTreeMap::from([
+            ("/cg/a".to_string(), 1),
+            ("/cg/b".to_string(), 1),
+            ("/cg/reused".to_string(), 9),
+        ]);
+        let events = recovered_kills(Some(&saved), &now);
+        let summary: Vec<(&str, &str)> = events
+            .iter()
+            .map(|e| (e.cgroup.as_deref().unwrap(), e.reason.as_deref().unwrap()))
+            .collect();
+        assert_eq!(summary.len(), 3, "{summary:?}");
+        assert!(events.iter().all(|e| e.kind == EventKind::OomKill));
+        assert_eq!(summary[0].0, "/cg/a");
+        assert!(
+            summary[0]
+                .1
+                .starts_with("recovered after the fact: 2 OOM kills")
+        );
+        assert!(summary[0].1.contains("1 -> 3"));
+        assert_eq!(summary[1].0, "/cg/new");
+        assert_eq!(summary[2].0, "/cg/reused");
+        assert!(summary[2].1.contains("1 OOM kill in"), "{}", summary[2].1);
+    }
+}

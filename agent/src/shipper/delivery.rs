@@ -1,0 +1,247 @@
+//! One delivery loop for every sink: read a batch after the sink's cursor,
+//! send it until the sink acknowledges it, then move the cursor.
+//!
+//! Guarantees: at least once (a batch is sent again until acknowledged,
+//! with the same event ids), in seq order per sink (the next batch waits
+//! for the previous one), and no sink waits for another (each has its own
+//! cursor and task).
+
+use std::{future::Future, time::Duration};
+
+use backon::{BackoffBuilder as _, ExponentialBuilder};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::outbox::Outbox;
+use crate::{config::Delivery, event::Event, telemetry::Metrics};
+
+/// Why an attempt failed; a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureClass {
+    /// No connection (refused, unreachable, DNS, TLS).
+    Connect,
+    /// No answer in time.
+    Timeout,
+    /// An answer that is not an acknowledgement (HTTP non-2xx, JetStream error).
+    Status,
+    Other,
+}
+
+impl FailureClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Timeout => "timeout",
+            Self::Status => "status",
+            Self::Other => "other",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SendError {
+    pub class: FailureClass,
+    pub message: String,
+}
+
+impl SendError {
+    pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            message: message.into(),
+        }
+    }
+}
+
+/// Somewhere events go. `send` returns `Ok` only once the far end has
+/// acknowledged every event of the batch.
+pub trait Sink: Send + 'static {
+    /// Metric label and cursor key.
+    fn name(&self) -> &str;
+    fn delivery(&self) -> &Delivery;
+    fn send(&mut self, batch: &[Event]) -> impl Future<Output = Result<(), SendError>> + Send;
+}
+
+/// The pauses between attempts: exponential from `retry_initial`, capped
+/// at `retry_max`, each with random jitter, never giving up.
+pub fn backoff(delivery: &Delivery) -> impl Iterator<Item = Duration> + Send + use<> {
+    ExponentialBuilder::new()
+        .with_min_delay(delivery.retry_initial)
+        .with_max_delay(delivery.retry_max)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Delivers until `shutdown` turns true. Events in flight when it does are
+/// sent again at the next start (at least once).
+pub async fn run<S: Sink>(
+    mut sink: S,
+    outbox: Outbox,
+    metrics: Metrics,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let name = sink.name().to_string();
+    let delivery = *sink.delivery();
+    let mut acked = outbox.register_sink(&name);
+    let mut newest = outbox.subscribe();
+    info!(sink = %name, acked_seq = acked, "delivery started");
+    let backlog = metrics.sink_backlog.with_label_values(&[name.as_str()]);
+    let delivered = metrics.sink_delivered.with_label_values(&[name.as_str()]);
+    let retries = metrics.sink_retries.with_label_values(&[name.as_str()]);
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        backlog.set(outbox.backlog(&name) as i64);
+        let batch = outbox.read(acked, delivery.batch_size);
+        let Some(last) = batch.last().map(|e| e.seq) else {
+            tokio::select! {
+                changed = newest.changed() => if changed.is_err() { return },
+                _ = shutdown.changed() => return,
+            }
+            continue;
+        };
+        let first = batch[0].seq;
+        let mut pauses = backoff(&delivery);
+        loop {
+            let result = tokio::select! {
+                result = sink.send(&batch) => result,
+                _ = shutdown.changed() => return,
+            };
+            let Err(error) = result else { break };
+            metrics
+                .sink_failures
+                .with_label_values(&[name.as_str(), error.class.as_str()])
+                .inc();
+            let pause = pauses.next().unwrap_or(delivery.retry_max);
+            warn!(
+                sink = %name,
+                first_seq = first,
+                last_seq = last,
+                class = error.class.as_str(),
+                %error,
+                retry_in = ?pause,
+                "delivery failed; will retry"
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => return,
+            }
+            retries.inc();
+        }
+        outbox.ack(&name, last);
+        acked = last;
+        delivered.inc_by(batch.len() as u64);
+        debug!(sink = %name, first_seq = first, last_seq = last, "batch acknowledged");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::VecDeque,
+        sync::{Arc, Mutex},
+    };
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::event::{EventBody, EventKind};
+
+    /// When a batch was sent, and the seqs in it.
+    type Calls = Arc<Mutex<Vec<(Instant, Vec<u64>)>>>;
+
+    /// Fails as scripted, records what it was given and when.
+    struct ScriptedSink {
+        delivery: Delivery,
+        failures: VecDeque<FailureClass>,
+        calls: Calls,
+    }
+
+    impl Sink for ScriptedSink {
+        fn name(&self) -> &str {
+            "scripted"
+        }
+        fn delivery(&self) -> &Delivery {
+            &self.delivery
+        }
+        async fn send(&mut self, batch: &[Event]) -> Result<(), SendError> {
+            let seqs = batch.iter().map(|e| e.seq).collect();
+            self.calls.lock().unwrap().push((Instant::now(), seqs));
+            match self.failures.pop_front() {
+                Some(class) => Err(SendError::new(class, "scripted failure")),
+                None => Ok(()),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_batches_are_retried_in_order_with_growing_capped_backoff() {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h", 100, metrics.clone());
+        for _ in 0..5 {
+            outbox.append(EventBody::new(EventKind::OomKill), None);
+        }
+        let delivery = Delivery {
+            batch_size: 3,
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(8),
+            ..Delivery::default()
+        };
+        let calls: Calls = Arc::default();
+        let sink = ScriptedSink {
+            delivery,
+            failures: [FailureClass::Connect; 7].into(),
+            calls: Arc::clone(&calls),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(sink, outbox.clone(), metrics.clone(), stopped));
+        let start = Instant::now();
+        for _ in 0..1000 {
+            if outbox.backlog("scripted") == 0 && calls.lock().unwrap().len() == 9 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.send(true).unwrap();
+        task.await.unwrap();
+
+        let calls = calls.lock().unwrap();
+        let batches: Vec<&Vec<u64>> = calls.iter().map(|(_, b)| b).collect();
+        // The same first batch until it is acknowledged, then the rest.
+        assert_eq!(batches.len(), 9, "{batches:?}");
+        assert!(batches[..8].iter().all(|b| **b == [1, 2, 3]), "{batches:?}");
+        assert_eq!(*batches[8], [4, 5]);
+        // Pauses grow, stay within jitter bounds, and are capped.
+        let pauses: Vec<Duration> = calls.windows(2).take(7).map(|w| w[1].0 - w[0].0).collect();
+        for (i, pause) in pauses.iter().enumerate() {
+            let base = Duration::from_secs(1 << i.min(3));
+            assert!(
+                *pause >= base && *pause <= base * 2 + Duration::from_millis(1),
+                "pause {i} is {pause:?}: {pauses:?}"
+            );
+        }
+        assert!(start.elapsed() < Duration::from_secs(120));
+        assert_eq!(
+            metrics
+                .sink_failures
+                .with_label_values(&["scripted", "connect"])
+                .get(),
+            7
+        );
+        assert_eq!(
+            metrics.sink_retries.with_label_values(&["scripted"]).get(),
+            7
+        );
+        assert_eq!(
+            metrics
+                .sink_delivered
+                .with_label_values(&["scripted"])
+                .get(),
+            5
+        );
+        assert_eq!(outbox.status().sinks["scripted"].acked_seq, 5);
+    }
+}

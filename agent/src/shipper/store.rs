@@ -1,0 +1,344 @@
+//! The outbox's SQLite file (`<state dir>/outbox.sqlite`, WAL): events,
+//! each sink's cursor, and the kernel's OOM counters seen at the last run.
+//!
+//! Plain storage: numbering, bounds and what to do when a write fails are
+//! the outbox's business (outbox.rs).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use rusqlite::{Connection, OptionalExtension as _, params};
+
+use crate::event::{Event, Priority};
+
+/// The database file inside the state directory.
+pub const FILE_NAME: &str = "outbox.sqlite";
+
+/// How long a statement waits for a lock held by another connection
+/// (there is one writer, so only a second agent on the same dir waits).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS events (
+    seq       INTEGER PRIMARY KEY,
+    id        TEXT    NOT NULL UNIQUE,
+    priority  INTEGER NOT NULL,
+    stored_ms INTEGER NOT NULL,
+    json      TEXT    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_drop_order ON events (priority, seq);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cursors (
+    sink      TEXT PRIMARY KEY,
+    acked_seq INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS oom_counts (
+    cgroup TEXT PRIMARY KEY,
+    kills  INTEGER NOT NULL
+);
+";
+
+/// `meta` key of the highest seq ever stored: kept apart from the events
+/// table so that pruning the newest row can never make a seq come back.
+const LAST_SEQ: &str = "last_seq";
+/// `meta` key set once OOM counters were saved at least once.
+const OOM_BASELINE: &str = "oom_baseline";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create state directory {path}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the outbox database {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(transparent)]
+    Sql(#[from] rusqlite::Error),
+    #[error("stored event does not parse: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Opens (creating when needed) `dir/outbox.sqlite`, and `dir` itself.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(FILE_NAME);
+        let open = |path: &Path| -> rusqlite::Result<Connection> {
+            let conn = Connection::open(path)?;
+            conn.busy_timeout(BUSY_TIMEOUT)?;
+            let mode: String =
+                conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(rusqlite::Error::InvalidParameterName(format!(
+                    "journal_mode is {mode}, WAL refused"
+                )));
+            }
+            // FULL: a committed event survives a power loss, not only a crash
+            // of the agent. Events are few (OOM kills, heartbeats); see
+            // docs/benchmarks.md for what it costs.
+            conn.pragma_update(None, "synchronous", "FULL")?;
+            conn.execute_batch(SCHEMA)?;
+            Ok(conn)
+        };
+        let conn = open(&path).map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self { conn })
+    }
+
+    /// A store that lives in memory only (tests, and callers that need no
+    /// durability).
+    pub fn in_memory() -> Result<Self, StoreError> {
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self { conn })
+    }
+
+    /// The highest seq ever stored (0 for a new file).
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        let meta: Option<i64> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [LAST_SEQ], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let rows: Option<i64> = self
+            .conn
+            .query_row("SELECT MAX(seq) FROM events", [], |r| r.get(0))?;
+        Ok(meta.unwrap_or(0).max(rows.unwrap_or(0)) as u64)
+    }
+
+    /// Stores `events` (in seq order) in one transaction: all or none.
+    pub fn insert(&mut self, events: &[Event], stored_ms: i64) -> Result<(), StoreError> {
+        let Some(last) = events.last() else {
+            return Ok(());
+        };
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO events (seq, id, priority, stored_ms, json) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for event in events {
+                insert.execute(params![
+                    event.seq as i64,
+                    event.id,
+                    event.body.kind.priority() as i64,
+                    stored_ms,
+                    serde_json::to_string(event)?,
+                ])?;
+            }
+        }
+        tx.execute(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
+            params![LAST_SEQ, last.seq as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Moves the write-ahead log into the database and truncates it: on a
+    /// full disk this gives back the log's space, which otherwise only a
+    /// successful commit would (SQLite checkpoints after commits).
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
+    /// Up to `limit` events with `seq > after`, oldest first.
+    pub fn read(&self, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT json FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+        let rows = stmt.query_map(params![after as i64, limit as i64], |r| {
+            r.get::<_, String>(0)
+        })?;
+        let mut events = Vec::new();
+        for json in rows {
+            events.push(serde_json::from_str(&json?)?);
+        }
+        Ok(events)
+    }
+
+    /// Events stored.
+    pub fn count(&self) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn
+            .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
+    /// Events stored with `seq > after`.
+    pub fn count_after(&self, after: u64) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row(
+            "SELECT COUNT(*) FROM events WHERE seq > ?1",
+            [after as i64],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
+    /// Removes `n` events in drop order (lowest priority first, oldest
+    /// first within a priority); returns the seqs removed.
+    pub fn remove_in_drop_order(&mut self, n: u64) -> Result<Vec<u64>, StoreError> {
+        let tx = self.conn.transaction()?;
+        let seqs = select_seqs(
+            &tx,
+            "SELECT seq FROM events ORDER BY priority, seq LIMIT ?1",
+            params![n as i64],
+        )?;
+        delete_seqs(&tx, &seqs)?;
+        tx.commit()?;
+        Ok(seqs)
+    }
+
+    /// Removes events stored before `cutoff_ms`, critical ones only when no
+    /// event of a lower priority is left at all; returns the seqs removed.
+    pub fn remove_stored_before(&mut self, cutoff_ms: i64) -> Result<Vec<u64>, StoreError> {
+        let tx = self.conn.transaction()?;
+        let critical = Priority::Critical as i64;
+        let mut seqs = select_seqs(
+            &tx,
+            "SELECT seq FROM events WHERE stored_ms < ?1 AND priority < ?2",
+            params![cutoff_ms, critical],
+        )?;
+        delete_seqs(&tx, &seqs)?;
+        let lower_left: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM events WHERE priority < ?1)",
+            [critical],
+            |r| r.get(0),
+        )?;
+        if !lower_left {
+            let old_critical = select_seqs(
+                &tx,
+                "SELECT seq FROM events WHERE stored_ms < ?1",
+                params![cutoff_ms],
+            )?;
+            delete_seqs(&tx, &old_critical)?;
+            seqs.extend(old_critical);
+        }
+        tx.commit()?;
+        Ok(seqs)
+    }
+
+    /// The last seq `sink` acknowledged, if it ever did.
+    pub fn cursor(&self, sink: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT acked_seq FROM cursors WHERE sink = ?1",
+                [sink],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?
+            .map(|s| s as u64))
+    }
+
+    pub fn set_cursors(&mut self, cursors: &BTreeMap<String, u64>) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut upsert = tx.prepare_cached(
+                "INSERT INTO cursors (sink, acked_seq) VALUES (?1, ?2)
+                 ON CONFLICT (sink) DO UPDATE SET acked_seq = excluded.acked_seq",
+            )?;
+            for (sink, seq) in cursors {
+                upsert.execute(params![sink, *seq as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The OOM-kill counters saved at the last run, per memory cgroup path;
+    /// `None` when none were ever saved (a first run knows nothing).
+    pub fn oom_counts(&self) -> Result<Option<BTreeMap<String, u64>>, StoreError> {
+        let baseline: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = ?1",
+                [OOM_BASELINE],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if baseline.is_none() {
+            return Ok(None);
+        }
+        let mut stmt = self.conn.prepare("SELECT cgroup, kills FROM oom_counts")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut counts = BTreeMap::new();
+        for row in rows {
+            let (cgroup, kills) = row?;
+            counts.insert(cgroup, kills as u64);
+        }
+        Ok(Some(counts))
+    }
+
+    /// Replaces the saved OOM-kill counters.
+    pub fn save_oom_counts(&mut self, counts: &BTreeMap<String, u64>) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        tx.execute("DELETE FROM oom_counts", [])?;
+        {
+            let mut insert =
+                tx.prepare_cached("INSERT INTO oom_counts (cgroup, kills) VALUES (?1, ?2)")?;
+            for (cgroup, kills) in counts {
+                insert.execute(params![cgroup, *kills as i64])?;
+            }
+        }
+        tx.execute(
+            "INSERT INTO meta (key, value) VALUES (?1, 1) ON CONFLICT (key) DO NOTHING",
+            [OOM_BASELINE],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Store {
+    /// Caps the database at `pages` pages (never below its current size):
+    /// a real SQLITE_FULL for tests, without a full disk.
+    pub fn limit_pages(&self, pages: u64) {
+        self.conn
+            .pragma_update(None, "max_page_count", pages as i64)
+            .unwrap();
+    }
+}
+
+fn select_seqs(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<u64>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rows = stmt.query_map(params, |r| r.get::<_, i64>(0))?;
+    rows.map(|r| r.map(|s| s as u64)).collect()
+}
+
+fn delete_seqs(conn: &Connection, seqs: &[u64]) -> rusqlite::Result<()> {
+    let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+    for seq in seqs {
+        delete.execute([*seq as i64])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! The webhook sink against a real HTTP receiver on 127.0.0.1 that refuses
+//! connections, then answers 500, then hangs, then recovers. No privilege.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    routing::post,
+};
+use hmac::{Hmac, KeyInit as _, Mac as _};
+use memwatch::{
+    config::{Delivery, Secret, WebhookConfig},
+    event::{Event, EventBody, EventKind},
+    shipper::{delivery, outbox::Outbox, webhook},
+    telemetry::Metrics,
+};
+use sha2::Sha256;
+use tokio::{net::TcpListener, sync::watch, time::Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Fail500,
+    Hang,
+    Accept,
+}
+
+/// One request as the receiver saw it.
+#[derive(Debug)]
+struct Request {
+    mode: Mode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+#[derive(Clone)]
+struct Receiver {
+    mode: Arc<Mutex<Mode>>,
+    requests: Arc<Mutex<Vec<Request>>>,
+}
+
+impl Receiver {
+    fn new(mode: Mode) -> Self {
+        Self {
+            mode: Arc::new(Mutex::new(mode)),
+            requests: Arc::default(),
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    fn count(&self, mode: Mode) -> usize {
+        let requests = self.requests.lock().unwrap();
+        requests.iter().filter(|r| r.mode == mode).count()
+    }
+
+    /// Starts answering on `addr` (which must be free).
+    async fn serve(&self, addr: SocketAddr) {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let app = Router::new()
+            .route("/hook", post(handle))
+            .with_state(self.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    }
+}
+
+async fn handle(State(rx): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let mode = *rx.mode.lock().unwrap();
+    rx.requests.lock().unwrap().push(Request {
+        mode,
+        headers,
+        body,
+    });
+    match mode {
+        Mode::Fail500 => StatusCode::INTERNAL_SERVER_ERROR,
+        Mode::Hang => {
+            // Far past the sink's timeout; bounded all the same.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            StatusCode::OK
+        }
+        Mode::Accept => StatusCode::NO_CONTENT,
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn config(addr: SocketAddr, secret: Option<&str>) -> WebhookConfig {
+    WebhookConfig {
+        name: "test-hook".into(),
+        url: format!("http://{addr}/hook").parse().unwrap(),
+        secret: secret.map(|s| Secret(s.into())),
+        delivery: Delivery {
+            batch_size: 4,
+            connect_timeout: Duration::from_millis(300),
+            timeout: Duration::from_millis(400),
+            retry_initial: Duration::from_millis(20),
+            retry_max: Duration::from_millis(150),
+        },
+    }
+}
+
+/// Waits (bounded) until `done` holds.
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn failures(metrics: &Metrics, class: &str) -> u64 {
+    metrics
+        .sink_failures
+        .with_label_values(&["test-hook", class])
+        .get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
+    let state = tempfile::tempdir().unwrap();
+    let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+    let outbox = Outbox::open(state.path(), "h1", Default::default(), metrics.clone()).unwrap();
+    let addr = free_addr();
+    let sink = webhook::WebhookSink::new(config(addr, None)).unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(delivery::run(
+        sink,
+        outbox.clone(),
+        metrics.clone(),
+        stopped,
+    ));
+    let append = |n: usize| {
+        for _ in 0..n {
+            outbox.append(EventBody::new(EventKind::OomKill), None);
+        }
+    };
+
+    // 1. Nothing listens: connections are refused.
+    append(3);
+    wait_until("refused connections", Duration::from_secs(10), || {
+        failures(&metrics, "connect") >= 3
+    })
+    .await;
+    append(2);
+
+    // 2. The receiver answers 500.
+    let receiver = Receiver::new(Mode::Fail500);
+    receiver.serve(addr).await;
+    wait_until("500 answers", Duration::from_secs(10), || {
+        receiver.count(Mode::Fail500) >= 3
+    })
+    .await;
+    append(2);
+
+    // 3. It hangs past the sink's timeout.
+    receiver.set(Mode::Hang);
+    wait_until("timeouts", Duration::from_secs(10), || {
+        failures(&metrics, "timeout") >= 2
+    })
+    .await;
+    append(3);
+
+    // 4. It recovers.
+    receiver.set(Mode::Accept);
+    append(2);
+    wait_until("the backlog to drain", Duration::from_secs(20), || {
+        outbox.backlog("test-hook") == 0
+    })
+    .await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+
+    let expected: Vec<Event> = outbox.read(0, 100);
+    assert_eq!(expected.len(), 12);
+    let requests = receiver.requests.lock().unwrap();
+    let mut accepted = Vec::new();
+    let mut seen: BTreeMap<String, Event> = BTreeMap::new();
+    for request in requests.iter() {
+        assert_eq!(request.headers["content-type"], "application/json");
+        let batch: Vec<Event> = serde_json::from_slice(&request.body).unwrap();
+        assert_eq!(
+            request.headers[webhook::EVENT_ID_HEADER],
+            batch[0].id,
+            "the id header names the first event"
+        );
+        assert!(batch.windows(2).all(|w| w[0].seq < w[1].seq), "{batch:?}");
+        for event in &batch {
+            // A duplicate is the same event: same id, same seq, same content.
+            if let Some(before) = seen.insert(event.id.clone(), event.clone()) {
+                assert_eq!(before, *event);
+            }
+        }
+        if request.mode == Mode::Accept {
+            accepted.extend(batch);
+        }
+    }
+    assert_eq!(
+        accepted, expected,
+        "acknowledged batches hold every event once, in seq order"
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.headers.get(webhook::SIGNATURE_HEADER).is_none())
+    );
+    assert_eq!(
+        metrics
+            .sink_delivered
+            .with_label_values(&["test-hook"])
+            .get(),
+        12
+    );
+    assert!(failures(&metrics, "status") >= 3);
+    assert!(metrics.sink_retries.with_label_values(&["test-hook"]).get() >= 8);
+
+    // The cursor is durable: a restarted sink has nothing to send again.
+    drop(outbox);
+    let outbox = Outbox::open(state.path(), "h1", Default::default(), metrics).unwrap();
+    assert_eq!(outbox.register_sink("test-hook"), 12);
+    assert_eq!(outbox.backlog("test-hook"), 0);
+}
+
+#[tokio::test]
+async fn signed_batches_verify_with_the_shared_secret() {
+    let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+    let outbox = Outbox::new("h1", 100, metrics.clone());
+    let addr = free_addr();
+    let receiver = Receiver::new(Mode::Accept);
+    receiver.serve(addr).await;
+    let secret = "s3cret-key";
+    let sink = webhook::WebhookSink::new(config(addr, Some(secret))).unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(delivery::run(sink, outbox.clone(), metrics, stopped));
+    for _ in 0..6 {
+        outbox.append(EventBody::new(EventKind::Heartbeat), None);
+    }
+    wait_until("delivery", Duration::from_secs(10), || {
+        outbox.backlog("test-hook") == 0
+    })
+    .await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+
+    let requests = receiver.requests.lock().unwrap();
+    assert!(requests.len() >= 2, "6 events in batches of 4");
+    for request in requests.iter() {
+        let header = request.headers[webhook::SIGNATURE_HEADER].to_str().unwrap();
+        let hex_mac = header.strip_prefix("sha256=").expect("sha256= prefix");
+        // Verified as a receiver would: HMAC-SHA256 of the raw body, constant-time compare.
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(&request.body);
+        mac.verify_slice(&hex::decode(hex_mac).unwrap())
+            .expect("signature verifies with the shared secret");
+        let mut wrong = Hmac::<Sha256>::new_from_slice(b"another key").unwrap();
+        wrong.update(&request.body);
+        assert!(wrong.verify_slice(&hex::decode(hex_mac).unwrap()).is_err());
+    }
+}
