@@ -11,6 +11,83 @@ pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     /// Per-CPU array of `u64` probe counters, indexed by [`super::ProbeCounter`].
     pub const PROBE_COUNTERS: &str = "PROBE_COUNTERS";
+    /// Hash: memory cgroup id → [`super::WatchedCgroup`], set by user space.
+    pub const WATCHED: &str = "WATCHED";
+    /// Per-CPU [`super::FastPath`] of the growth program (one element).
+    pub const FAST_PATH: &str = "FAST_PATH";
+}
+
+/// Name of the global holding [`GrowthSettings`].
+pub const GROWTH_GLOBAL: &str = "GROWTH";
+
+/// How the growth program decides when to look, set at load time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrowthSettings {
+    /// A growth-step record every time a cgroup's usage passes another
+    /// multiple of this many pages (0: no steps).
+    pub step_pages: u64,
+    /// On one CPU, the same mm changing RSS is checked once per this many
+    /// changes: the fast path is a per-CPU compare, nothing else.
+    pub check_every: u32,
+    /// Back below the cap means below `cap * (1000 - this) / 1000`.
+    pub hysteresis_permille: u32,
+}
+
+impl GrowthSettings {
+    pub const DEFAULT: GrowthSettings = GrowthSettings {
+        // 64 MiB of 4 KiB pages.
+        step_pages: 16384,
+        // 64 pages (256 KiB) between looks at one CPU's busy mm: a crossing
+        // is seen at most that far past the line, per CPU.
+        check_every: 64,
+        hysteresis_permille: 50,
+    };
+}
+
+/// A cgroup user space watches: its soft cap in pages (0: none). The
+/// `generation` changes whenever user space rewrites the entry, so the
+/// kernel side re-reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchedCgroup {
+    pub soft_cap_pages: u64,
+    pub generation: u64,
+}
+
+/// Per CPU, the growth program's fast path: the mm seen last, how many
+/// more of its changes to skip, and how many changes this CPU saw.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastPath {
+    pub mm: u64,
+    pub skip: u64,
+    /// Every `rss_stat` event on this CPU (read as [`ProbeCounter::RssEvents`]).
+    pub events: u64,
+}
+
+/// A memory cgroup's usage crossed a line.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrowthRecord {
+    /// [`RecordKind::Growth`].
+    pub kind: u32,
+    /// [`GrowthRecord::ABOVE_CAP`], [`GrowthRecord::BELOW_CAP`] or [`GrowthRecord::STEP`].
+    pub line: u32,
+    /// kernfs id of the memory cgroup.
+    pub memcg_id: u64,
+    /// The cgroup's `page_counter` usage (what `memory.usage_in_bytes` /
+    /// `memory.current` report), in pages.
+    pub usage_pages: u64,
+    /// The soft cap, in pages (0: none).
+    pub cap_pages: u64,
+    pub boot_time_ns: u64,
+}
+
+impl GrowthRecord {
+    pub const ABOVE_CAP: u32 = 1;
+    pub const BELOW_CAP: u32 = 2;
+    pub const STEP: u32 = 3;
 }
 
 /// Program names (the Rust function names in agent-ebpf): each attach
@@ -40,7 +117,19 @@ pub mod programs {
         btf: "cgroup_rmdir_btf",
         raw: "cgroup_rmdir_raw",
     };
-    pub const ALL: [AttachPoint; 3] = [OOM_MARK_VICTIM, CGROUP_MKDIR, CGROUP_RMDIR];
+    /// `kmem/rss_stat`: an mm's resident memory changed (about once per page).
+    pub const RSS_STAT: AttachPoint = AttachPoint {
+        tracepoint: "rss_stat",
+        btf: "rss_stat_btf",
+        raw: "rss_stat_raw",
+    };
+    /// The benchmark floor: an empty program on `rss_stat` (no raw twin).
+    pub const RSS_STAT_FLOOR: AttachPoint = AttachPoint {
+        tracepoint: "rss_stat",
+        btf: "rss_stat_floor_btf",
+        raw: "rss_stat_floor_btf",
+    };
+    pub const ALL: [AttachPoint; 4] = [OOM_MARK_VICTIM, CGROUP_MKDIR, CGROUP_RMDIR, RSS_STAT];
 }
 
 /// What a ring-buffer record is: the first `u32` of every record.
@@ -50,6 +139,7 @@ pub enum RecordKind {
     OomVictim = 1,
     CgroupMkdir = 2,
     CgroupRmdir = 3,
+    Growth = 4,
 }
 
 impl RecordKind {
@@ -58,6 +148,7 @@ impl RecordKind {
             1 => Some(Self::OomVictim),
             2 => Some(Self::CgroupMkdir),
             3 => Some(Self::CgroupRmdir),
+            4 => Some(Self::Growth),
             _ => None,
         }
     }
@@ -103,12 +194,39 @@ pub enum ProbeCounter {
     RingbufFull = 1,
     /// Kernel reads that failed (a field left zero in the record).
     ReadErrors = 2,
+    /// RSS changes seen by the growth program (kept in [`FastPath::events`],
+    /// not in this map: the hot path touches one map only).
+    RssEvents = 3,
+    /// Of those, the ones that took the slow path (resolved the memory
+    /// cgroup and read its usage).
+    GrowthChecks = 4,
+    /// Growth records sent (cap crossings and steps).
+    GrowthRecords = 5,
 }
 
 impl ProbeCounter {
     /// Number of counters; the map's size.
-    pub const COUNT: u32 = 3;
-    pub const ALL: [ProbeCounter; 3] = [Self::OomSeen, Self::RingbufFull, Self::ReadErrors];
+    pub const COUNT: u32 = 6;
+    pub const ALL: [ProbeCounter; 6] = [
+        Self::OomSeen,
+        Self::RingbufFull,
+        Self::ReadErrors,
+        Self::RssEvents,
+        Self::GrowthChecks,
+        Self::GrowthRecords,
+    ];
+
+    /// The metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::OomSeen => "oom_seen",
+            Self::RingbufFull => "ringbuf_full",
+            Self::ReadErrors => "read_errors",
+            Self::RssEvents => "rss_events",
+            Self::GrowthChecks => "growth_checks",
+            Self::GrowthRecords => "growth_records",
+        }
+    }
 }
 
 /// Struct offsets and enum values of the running kernel, read from its BTF at
@@ -145,8 +263,13 @@ pub struct KernelOffsets {
     /// Non-zero once user space has filled this in; the programs do nothing
     /// before, so a mis-loaded object cannot read garbage.
     pub valid: u32,
-    /// Keeps the size a multiple of 8.
-    pub _reserved: u32,
+    /// `mm_struct::owner` (the task whose memory cgroup the mm is charged to).
+    pub mm_owner: u32,
+    /// `cgroup_subsys_state::parent`; `css` is the first member of
+    /// `mem_cgroup`, so a css pointer is its memcg's.
+    pub css_parent: u32,
+    /// `mem_cgroup::memory` (a `page_counter`) plus `page_counter::usage`.
+    pub memcg_usage: u32,
 }
 
 /// One OOM victim, as the kernel saw it when `mark_victim` fired.
@@ -196,6 +319,10 @@ mod user {
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::OomVictimEvent {}
     unsafe impl aya::Pod for super::CgroupRecord {}
+    unsafe impl aya::Pod for super::GrowthRecord {}
+    unsafe impl aya::Pod for super::GrowthSettings {}
+    unsafe impl aya::Pod for super::WatchedCgroup {}
+    unsafe impl aya::Pod for super::FastPath {}
 }
 
 #[cfg(test)]
@@ -223,7 +350,7 @@ mod tests {
 
     #[test]
     fn kernel_offsets_layout_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 20 * 4);
+        assert_eq!(size_of::<KernelOffsets>(), 22 * 4);
         assert_eq!(offset_of!(KernelOffsets, valid), 18 * 4);
     }
 

@@ -1,10 +1,12 @@
 //! Maps and load-time globals shared by every program.
 
-use agent_common::{EVENTS_RING_BYTES, KernelOffsets, ProbeCounter};
+use agent_common::{
+    EVENTS_RING_BYTES, FastPath, GrowthSettings, KernelOffsets, ProbeCounter, WatchedCgroup,
+};
 use aya_ebpf::{
     Global,
     macros::map,
-    maps::{PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 
 /// Struct offsets of the running kernel; set by the agent before load.
@@ -29,14 +31,47 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     mm_anonpages: 0,
     mm_shmempages: 0,
     valid: 0,
-    _reserved: 0,
+    mm_owner: 0,
+    css_parent: 0,
+    memcg_usage: 0,
 });
+
+/// How the growth program looks; set by the agent before load.
+#[unsafe(no_mangle)]
+pub static GROWTH: Global<GrowthSettings> = Global::new(GrowthSettings::DEFAULT);
 
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 #[map(name = "PROBE_COUNTERS")]
 pub static PROBE_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ProbeCounter::COUNT, 0);
+
+/// Memory cgroups user space watches, by id: their soft caps.
+#[map(name = "WATCHED")]
+pub static WATCHED: HashMap<u64, WatchedCgroup> = HashMap::with_max_entries(65536, 0);
+
+/// What the growth program knows of each memory cgroup it has looked at,
+/// keyed by the `mem_cgroup` pointer (stable while the cgroup lives; an
+/// LRU map, so dead ones age out).
+#[map(name = "MEMCG_STATE")]
+pub static MEMCG_STATE: LruHashMap<u64, MemcgState> = LruHashMap::with_max_entries(65536, 0);
+
+/// Per CPU: the mm seen last and how many more of its RSS changes to skip.
+#[map(name = "FAST_PATH")]
+pub static FAST_PATH: PerCpuArray<FastPath> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemcgState {
+    pub id: u64,
+    pub cap_pages: u64,
+    /// `WatchedCgroup::generation` the cap was read at (0: not watched).
+    pub generation: u64,
+    /// The next growth step, in pages.
+    pub next_step: u64,
+    /// 1 while above the cap (re-armed below the hysteresis line).
+    pub above: u64,
+}
 
 /// Reads a `T` at `base + offset` in kernel memory.
 #[inline(always)]

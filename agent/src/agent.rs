@@ -28,7 +28,7 @@ use crate::{
     pipeline::{PROBE_QUEUE, Pipeline},
     probe::{
         SourceKind,
-        ebpf::{EbpfProbe, ProbeError},
+        ebpf::{EbpfProbe, ProbeError, ProbeOptions},
         privilege,
     },
     reconcile,
@@ -149,7 +149,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
 
     let btf_path = config.btf_path.clone();
-    let mut probe = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path))
+    let options = ProbeOptions {
+        growth: config.growth_settings(),
+        floor: config.probe_floor,
+    };
+    let mut probe = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path, &options))
         .await
         .context("probe loader panicked")??;
     let (tx, rx) = mpsc::channel(PROBE_QUEUE);
@@ -190,6 +194,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         .run(rx),
     );
+    if let Some(watch) = probe.kernel_watch() {
+        monitor.attach_kernel_watch(watch);
+    }
+    if let Some(reason) = probe.growth_unavailable() {
+        probe_state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .growth_unavailable = Some(reason.to_string());
+    }
     let sampling = tokio::spawn(sample_forever(monitor, config.sample_interval));
 
     let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
@@ -255,8 +268,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 async fn sample_forever(monitor: Arc<Monitor>, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let now = monitor.sample_now();
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            // A cap crossed in the kernel: look now.
+            _ = now.notified() => {}
+        }
         let monitor = monitor.clone();
         if let Err(error) = tokio::task::spawn_blocking(move || monitor.tick()).await {
             warn!(%error, "sampling round failed");
@@ -313,20 +331,15 @@ fn publish_counters(metrics: &Metrics, last: &[u64], now: &[u64]) {
         if delta == 0 {
             continue;
         }
-        let name = match counter {
-            ProbeCounter::OomSeen => "oom_seen",
-            ProbeCounter::RingbufFull => {
-                metrics
-                    .events_dropped
-                    .with_label_values(&["ringbuf_full"])
-                    .inc_by(delta);
-                "ringbuf_full"
-            }
-            ProbeCounter::ReadErrors => "read_errors",
-        };
+        if *counter == ProbeCounter::RingbufFull {
+            metrics
+                .events_dropped
+                .with_label_values(&["ringbuf_full"])
+                .inc_by(delta);
+        }
         metrics
             .probe_kernel
-            .with_label_values(&[name])
+            .with_label_values(&[counter.name()])
             .inc_by(delta);
     }
 }

@@ -107,6 +107,11 @@ pub struct RunArgs {
     /// POST events to this URL (repeatable; replaces `[[webhook]]` of the config file).
     #[arg(long = "webhook", value_name = "URL")]
     pub webhooks: Vec<String>,
+    /// Benchmarks only: attach an empty program to the growth hook instead
+    /// of the growth program (`cargo xtask bench overhead` measures the
+    /// hook's own cost with it).
+    #[arg(long, hide = true)]
+    pub probe_floor: bool,
 }
 
 impl RunArgs {
@@ -116,6 +121,7 @@ impl RunArgs {
             node_name: self.node_name.clone(),
             state_dir: self.state_dir.clone(),
             webhooks: self.webhooks.clone(),
+            probe_floor: self.probe_floor,
         }
     }
 }

@@ -58,6 +58,10 @@ pub struct Config {
     pub log_level: String,
     /// How often worker and task memory is read.
     pub sample_interval: Duration,
+    /// The kernel reports each time a cgroup's usage grows by this much.
+    pub growth_step: u64,
+    /// Benchmarks only (`--probe-floor`): an empty program on the growth hook.
+    pub probe_floor: bool,
     /// Bearer token required on mutating routes, when set.
     pub api_token: Option<String>,
     /// Watchdog knobs shared by every worker.
@@ -92,6 +96,8 @@ impl Default for Config {
             // A second: ten times faster than kubelet's eviction loop, cheap
             // (a few file reads per worker and task).
             sample_interval: Duration::from_secs(1),
+            growth_step: 64 << 20,
+            probe_floor: false,
             api_token: None,
             watchdog: Settings::default(),
             workers: Vec::new(),
@@ -118,6 +124,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub nats: Vec<NatsFile>,
     pub sample_interval: Option<Span>,
+    pub growth_step: Option<Size>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub on_residual_over_cap: Option<OnResidualOverCap>,
@@ -161,6 +168,8 @@ pub struct Overrides {
     pub state_dir: Option<PathBuf>,
     /// `--webhook URL`, repeatable: when given, these replace `[[webhook]]`.
     pub webhooks: Vec<String>,
+    /// `--probe-floor` (benchmarks only).
+    pub probe_floor: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -178,6 +187,14 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// What the kernel's growth program is told at load time.
+    pub fn growth_settings(&self) -> agent_common::GrowthSettings {
+        agent_common::GrowthSettings {
+            step_pages: self.growth_step / procfs::page_size(),
+            ..agent_common::GrowthSettings::DEFAULT
+        }
+    }
+
     /// Defaults, then `file` (when given), then `overrides`; then validated.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let from_file = match file {
@@ -189,6 +206,7 @@ impl Config {
         if let Some(listen) = overrides.listen {
             config.listen = listen;
         }
+        config.probe_floor = overrides.probe_floor;
         if let Some(name) = &overrides.node_name {
             config.node_name = name.clone();
         }
@@ -218,6 +236,7 @@ impl Config {
             btf_path,
             log_level,
             sample_interval,
+            growth_step,
             api_token,
             api_token_file,
             on_residual_over_cap,
@@ -253,6 +272,7 @@ impl Config {
         set(&mut self.btf_path, btf_path);
         set(&mut self.log_level, log_level);
         set(&mut self.sample_interval, sample_interval.map(|s| s.0));
+        set(&mut self.growth_step, growth_step.map(|s| s.0));
         set(
             &mut self.watchdog.on_residual_over_cap,
             on_residual_over_cap,
@@ -328,6 +348,9 @@ impl Config {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             return Err(invalid("log_level", format!("is not a valid filter: {e}")));
+        }
+        if self.growth_step != 0 && self.growth_step < (1 << 20) {
+            return Err(invalid("growth_step", "must be 0 (off) or at least 1MiB"));
         }
         if self.sample_interval < Duration::from_millis(10) {
             return Err(invalid("sample_interval", "must be at least 10ms"));

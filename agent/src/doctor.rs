@@ -67,8 +67,30 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
                 ),
                 Err(e) => check("oom/mark_victim", State::Fail, e.to_string()),
             });
-            for point in [programs::CGROUP_MKDIR, programs::CGROUP_RMDIR] {
-                let name = format!("cgroup/{}", point.tracepoint);
+            let mut growth = btf::kernel_offsets(b).unwrap_or_default();
+            rows.push(match btf::growth_offsets(b, &mut growth) {
+                Ok(()) => check(
+                    "growth offsets",
+                    State::Ok,
+                    "mm->owner, css parent, memcg usage resolve",
+                ),
+                Err(e) => check(
+                    "growth offsets",
+                    State::Warn,
+                    format!("{e}: growth sampled only"),
+                ),
+            });
+            for point in [
+                programs::CGROUP_MKDIR,
+                programs::CGROUP_RMDIR,
+                programs::RSS_STAT,
+            ] {
+                let category = if point.tracepoint == "rss_stat" {
+                    "kmem"
+                } else {
+                    "cgroup"
+                };
+                let name = format!("{category}/{}", point.tracepoint);
                 let typedef = format!("btf_trace_{}", point.tracepoint);
                 rows.push(match b.resolve_types_by_name(&typedef) {
                     Ok(found) if !found.is_empty() => check(name, State::Ok, "present"),
@@ -131,7 +153,7 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
     }
 
     // The real test: load and attach the probe as `run` would, then detach.
-    let probe = EbpfProbe::load(btf_path);
+    let probe = EbpfProbe::load(btf_path, &Default::default());
     let usable = probe.is_ok() && hierarchy.is_ok();
     rows.push(match probe {
         Ok(p) => check(

@@ -4,9 +4,12 @@
 
 use std::{
     collections::HashMap,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard, OnceLock},
 };
+
+use tokio::sync::Notify;
 
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -15,7 +18,7 @@ use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
     config::Rule,
     event::EventBody,
-    probe::CgroupChange,
+    probe::{CgroupChange, GrowthLine, KernelWatch, Line},
     sampler::{self, MemoryReader},
     shipper::outbox::Outbox,
     telemetry::Metrics,
@@ -39,6 +42,14 @@ pub struct Monitor {
     /// Memory cgroup ids → paths, for the OOM pipeline; told about every
     /// task cgroup so those resolve even once removed.
     resolver: Mutex<CgroupResolver>,
+    /// The kernel's soft-cap map, once the probe runs.
+    kernel_watch: OnceLock<Arc<dyn KernelWatch>>,
+    /// Cgroup ids whose caps the kernel holds, by worker name or task id.
+    kernel_caps: Mutex<HashMap<String, u64>>,
+    /// Wakes the sampling loop at once (a cap crossed in the kernel).
+    sample_now: Arc<Notify>,
+    /// The kernel's usage of watched cgroups at their last line, by id.
+    kernel_usage: Mutex<HashMap<u64, u64>>,
 }
 
 impl Monitor {
@@ -68,6 +79,10 @@ impl Monitor {
             rules,
             rule_tasks: Mutex::default(),
             resolver: Mutex::new(CgroupResolver::new(hierarchy)),
+            kernel_watch: OnceLock::new(),
+            kernel_caps: Mutex::default(),
+            sample_now: Arc::new(Notify::new()),
+            kernel_usage: Mutex::default(),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -89,6 +104,83 @@ impl Monitor {
     /// The path of a memory cgroup id (see [`CgroupResolver`]).
     pub fn resolve_cgroup(&self, id: u64) -> Option<PathBuf> {
         self.resolver().resolve(id)
+    }
+
+    /// Hands the kernel the soft caps of every worker and task with a
+    /// cgroup, now and as tasks come and go.
+    pub fn attach_kernel_watch(&self, watch: Arc<dyn KernelWatch>) {
+        if self.kernel_watch.set(watch).is_err() {
+            return;
+        }
+        let watchdog = self.lock();
+        for w in watchdog.workers() {
+            if let (Some(cgroup), Some(cap)) = (&w.cgroup, w.soft_cap_bytes) {
+                self.push_cap(&format!("worker:{}", w.name), Path::new(cgroup), cap);
+            }
+        }
+        for t in watchdog.tasks(Instant::now()) {
+            if let (Some(MemorySource::Cgroup(path)), Some(cap)) = (&t.source, t.soft_cap_bytes) {
+                self.push_cap(&t.task_id, path, cap);
+            }
+        }
+    }
+
+    fn push_cap(&self, key: &str, cgroup: &Path, cap: u64) {
+        let (Some(watch), Ok(meta)) = (self.kernel_watch.get(), std::fs::metadata(cgroup)) else {
+            return;
+        };
+        watch.set_cap(meta.ino(), Some(cap));
+        self.kernel_caps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), meta.ino());
+    }
+
+    fn drop_cap(&self, key: &str) {
+        let id = self
+            .kernel_caps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        if let Some(id) = id {
+            self.kernel_usage
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+        if let (Some(watch), Some(id)) = (self.kernel_watch.get(), id) {
+            watch.set_cap(id, None);
+        }
+    }
+
+    /// Notified when the kernel saw a cap crossed: sample at once.
+    pub fn sample_now(&self) -> Arc<Notify> {
+        self.sample_now.clone()
+    }
+
+    /// A line crossed in the kernel: counted; a cap crossing (up or down)
+    /// wakes the sampling loop, so the checks run within milliseconds
+    /// instead of at the next `sample_interval`.
+    pub fn growth_line(&self, line: &GrowthLine) {
+        self.metrics
+            .growth_lines
+            .with_label_values(&[line.line.as_str()])
+            .inc();
+        let watched = self
+            .kernel_caps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|id| *id == line.memcg_id);
+        if watched {
+            self.kernel_usage
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(line.memcg_id, line.usage_bytes);
+        }
+        if matches!(line.line, Line::AboveCap | Line::BelowCap) {
+            self.sample_now.notify_one();
+        }
     }
 
     /// Registers a task after reading its worker's memory and its running
@@ -114,10 +206,21 @@ impl Monitor {
             tasks.push((req.task_id.clone(), source.clone()));
         }
         let sample = sampler::sample(self.reader.as_ref(), &worker, &tasks);
+        let task_id = req.task_id.clone();
+        let cap = req.soft_cap;
+        let cgroup = req
+            .source
+            .as_ref()
+            .and_then(|s| s.cgroup())
+            .map(Path::to_path_buf);
         let mut watchdog = self.lock();
         let registration = watchdog.register(req, &sample, Instant::now())?;
-        if let Admission::Rejected { reason } = &registration.admission {
-            warn!(worker = %registration.worker, %reason, "task rejected");
+        match (&registration.admission, cgroup, cap) {
+            (Admission::Rejected { reason }, _, _) => {
+                warn!(worker = %registration.worker, %reason, "task rejected")
+            }
+            (_, Some(cgroup), Some(cap)) => self.push_cap(&task_id, &cgroup, cap),
+            _ => {}
         }
         self.store(registration.events.iter().cloned());
         self.publish_gauges(&watchdog);
@@ -127,6 +230,7 @@ impl Monitor {
     pub fn finish(&self, task_id: &str, outcome: TaskOutcome) -> Result<TaskView, WatchdogError> {
         let mut watchdog = self.lock();
         let (view, events) = watchdog.finish(task_id, outcome, Instant::now())?;
+        self.drop_cap(task_id);
         self.store(events);
         self.publish_gauges(&watchdog);
         Ok(view)
@@ -175,11 +279,32 @@ impl Monitor {
     }
 
     pub fn workers(&self) -> Vec<WorkerView> {
-        self.lock().workers()
+        let mut workers = self.lock().workers();
+        for w in &mut workers {
+            w.kernel_usage_bytes = self.kernel_usage_of(&format!("worker:{}", w.name));
+        }
+        workers
     }
 
     pub fn tasks(&self) -> Vec<TaskView> {
-        self.lock().tasks(Instant::now())
+        let mut tasks = self.lock().tasks(Instant::now());
+        for t in &mut tasks {
+            t.kernel_usage_bytes = self.kernel_usage_of(&t.task_id);
+        }
+        tasks
+    }
+
+    fn kernel_usage_of(&self, key: &str) -> Option<u64> {
+        let id = *self
+            .kernel_caps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)?;
+        self.kernel_usage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .copied()
     }
 
     pub fn finished_tasks(&self) -> Vec<TaskView> {

@@ -34,6 +34,7 @@ impl Pipeline {
     pub fn handle(&mut self, event: ProbeEvent) {
         match event {
             ProbeEvent::Cgroup(change) => self.monitor.cgroup_changed(&change),
+            ProbeEvent::Growth(line) => self.monitor.growth_line(&line),
             ProbeEvent::OomVictim(victim) => {
                 let mut body = self.oom_kill(&victim);
                 let (task_id, worker, task_ended) = self

@@ -95,6 +95,7 @@ mod tests {
             residual_bytes: Some(300 << 20),
             soft_cap_bytes: Some(200 << 20),
             running_tasks: 0,
+            kernel_usage_bytes: None,
         };
         let text = render(&health, &[worker], &[]);
         assert!(

@@ -23,6 +23,7 @@ pub const TASKS_RUNNING: &str = "memwatch_tasks_running";
 pub const TASK_REJECTIONS_TOTAL: &str = "memwatch_task_rejections_total";
 pub const SOFT_CAP_CROSSINGS_TOTAL: &str = "memwatch_soft_cap_crossings_total";
 pub const TASK_OOM_KILLS_TOTAL: &str = "memwatch_task_oom_kills_total";
+pub const GROWTH_LINES_TOTAL: &str = "memwatch_growth_lines_total";
 
 fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
     IntGaugeVec::new(Opts::new(name, help), labels)
@@ -78,6 +79,8 @@ pub struct Metrics {
     pub soft_cap_crossings: IntCounterVec,
     /// OOM kills attributed to a worker's tasks or the worker itself.
     pub task_oom_kills: IntCounterVec,
+    /// Lines crossed in the kernel, by line (`above_cap`, `below_cap`, `step`).
+    pub growth_lines: IntCounterVec,
     /// Events in the outbox database.
     pub outbox_stored: IntGauge,
     /// Events held in memory because the state directory cannot be written.
@@ -112,6 +115,7 @@ impl Metrics {
             Box::new(self.task_rejections.clone()),
             Box::new(self.soft_cap_crossings.clone()),
             Box::new(self.task_oom_kills.clone()),
+            Box::new(self.growth_lines.clone()),
             Box::new(self.outbox_stored.clone()),
             Box::new(self.outbox_pending.clone()),
             Box::new(self.outbox_unpersisted.clone()),
@@ -210,6 +214,11 @@ impl Metrics {
                 TASK_OOM_KILLS_TOTAL,
                 "OOM kills attributed to a worker.",
                 &["worker"],
+            )?,
+            growth_lines: counter(
+                GROWTH_LINES_TOTAL,
+                "Memory cgroup lines crossed, seen in the kernel.",
+                &["line"],
             )?,
             outbox_stored: IntGauge::new(OUTBOX_STORED, "Events in the outbox database.")?,
             outbox_pending: IntGauge::new(

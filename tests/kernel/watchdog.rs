@@ -345,3 +345,120 @@ async fn a_cgroup_matching_a_rule_is_a_task_the_moment_it_appears() {
         seen.num_milliseconds()
     );
 }
+
+#[tokio::test]
+async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
+    if !kernel_tests_enabled("a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms") {
+        return;
+    }
+    // Sampling once a minute: only the kernel's growth program can be quick.
+    let agent = Agent::start_with_config("sample_interval = \"60s\"\n").await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // past the first sampling round
+    let memhog = workspace_bin("memhog");
+    // The mark comes at 60 MiB touched, before the 64 MiB cap is crossed
+    // (the process's own pages add a little): the delay measured is an
+    // upper bound.
+    let out = Command::new(workspace_bin("memwatch"))
+        .args([
+            "exec",
+            "--agent",
+            &agent.base_url,
+            "--soft-cap",
+            "64M",
+            "--task-id",
+            "t-k",
+            "--",
+        ])
+        .args([memhog.to_str().unwrap(), "128", "1"])
+        .env("MEMHOG_MARK_MIB", "60")
+        .output()
+        .expect("memwatch exec");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mark_ns: i64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("mark "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("memhog printed no mark: {stdout}"));
+    let crossing = agent
+        .wait_for_event(Duration::from_secs(2), "soft_cap_exceeded", |e| {
+            e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-k")
+        })
+        .await;
+    let delay_ms = (crossing.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6;
+    println!("soft cap crossed → soft_cap_exceeded event: {delay_ms:.1} ms after the 60 MiB mark");
+    assert!(
+        delay_ms < 50.0,
+        "soft_cap_exceeded {delay_ms:.1} ms after the allocation crossed the cap"
+    );
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        metrics.contains("memwatch_growth_lines_total{line=\"above_cap\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn kernel_usage_figures_stay_within_5_percent_of_the_cgroup_counters() {
+    if !kernel_tests_enabled("kernel_usage_figures_stay_within_5_percent_of_the_cgroup_counters") {
+        return;
+    }
+    let agent = Agent::start_with_config("growth_step = \"1MiB\"\n").await;
+    let memhog = workspace_bin("memhog");
+    let mut exec = Command::new(workspace_bin("memwatch"))
+        .args([
+            "exec",
+            "--agent",
+            &agent.base_url,
+            "--soft-cap",
+            "1G",
+            "--task-id",
+            "t-u",
+            "--",
+        ])
+        .args([memhog.to_str().unwrap(), "100", "10"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("memwatch exec");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (kernel, files) = loop {
+        let (_, body) = agent.get("/v1/status").await;
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let task = status["tasks"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["task_id"] == "t-u"))
+            .cloned();
+        if let Some(task) = task
+            && let Some(kernel) = task["kernel_usage_bytes"].as_u64()
+            && kernel > 96 * MIB
+        {
+            let cgroup = task["source"]["cgroup"].as_str().unwrap().to_string();
+            let usage: u64 = std::fs::read_to_string(format!("{cgroup}/memory.usage_in_bytes"))
+                .or_else(|_| std::fs::read_to_string(format!("{cgroup}/memory.current")))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            break (kernel, usage);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no kernel figure near 100 MiB: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let gap = (kernel as f64 - files as f64).abs() / files as f64;
+    println!(
+        "kernel growth figure {:.1} MiB vs memory.usage_in_bytes {:.1} MiB: {:.2} % apart",
+        kernel as f64 / MIB as f64,
+        files as f64 / MIB as f64,
+        gap * 100.0
+    );
+    assert!(gap < 0.05, "kernel {kernel} vs files {files}");
+    let _ = exec.kill();
+    let _ = exec.wait();
+}

@@ -43,17 +43,23 @@ fn overhead() -> anyhow::Result<()> {
     let faultbench = release.join("faultbench");
     let memwatch = release.join("memwatch");
 
-    let configs = ["no agent", "memwatch run (default probe)"];
+    let configs = [
+        "no agent",
+        "empty program on the same hooks",
+        "memwatch run (default probe)",
+    ];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..ROUNDS {
-        // Alternate the order so drift favours neither.
-        let order: Vec<usize> = if round % 2 == 0 {
-            vec![0, 1]
-        } else {
-            vec![1, 0]
-        };
+        // Rotate the order so drift favours none.
+        let order: Vec<usize> = (0..configs.len())
+            .map(|k| (k + round) % configs.len())
+            .collect();
         for i in order {
-            let agent = (i == 1).then(|| Agent::start(&memwatch)).transpose()?;
+            let agent = match i {
+                0 => None,
+                1 => Some(Agent::start(&memwatch, &["--probe-floor"])?),
+                _ => Some(Agent::start(&memwatch, &[])?),
+            };
             let secs = time_workload(&faultbench)?;
             drop(agent);
             eprintln!("xtask: round {round}: {:<30} {secs:.3}s", configs[i]);
@@ -65,11 +71,12 @@ fn overhead() -> anyhow::Result<()> {
         "\nProbe overhead: faultbench (mmap 2 GiB, touch every 4 KiB page, unmap; 3 times; THP off)"
     );
     println!("median of {ROUNDS} interleaved rounds\n");
-    println!("| configuration | median time | ratio vs no agent |");
-    println!("|---|---|---|");
+    let floor = median(&mut times[1].clone());
+    println!("| configuration | median time | ratio vs no agent | ratio vs empty program |");
+    println!("|---|---|---|---|");
     for (name, samples) in configs.iter().zip(&mut times) {
         let m = median(samples);
-        println!("| {name} | {m:.3} s | {:.3} |", m / base);
+        println!("| {name} | {m:.3} s | {:.3} | {:.3} |", m / base, m / floor);
     }
     Ok(())
 }
@@ -100,12 +107,18 @@ fn median(samples: &mut [f64]) -> f64 {
 struct Agent(Child);
 
 impl Agent {
-    fn start(bin: &std::path::Path) -> anyhow::Result<Agent> {
+    fn start(bin: &std::path::Path, extra: &[&str]) -> anyhow::Result<Agent> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let state = std::env::temp_dir().join(format!("memwatch-bench-{port}"));
         let child = Command::new(bin)
-            .args(["run", "--listen", &format!("127.0.0.1:{port}"), "--state-dir"])
+            .args([
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--state-dir",
+            ])
             .arg(&state)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

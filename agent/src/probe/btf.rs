@@ -67,8 +67,23 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         mm_anonpages,
         mm_shmempages,
         valid: 1,
-        _reserved: 0,
+        // Filled by `growth_offsets` when the kernel has what the growth
+        // program reads; left 0 (program not attached) otherwise.
+        mm_owner: 0,
+        css_parent: 0,
+        memcg_usage: 0,
     })
+}
+
+/// Offsets the growth program (`rss_stat`) needs on top of the others:
+/// `mm->owner` (CONFIG_MEMCG), the css parent, and the memory cgroup's
+/// `page_counter` usage.
+pub fn growth_offsets(btf: &Btf, offsets: &mut KernelOffsets) -> Result<(), BtfError> {
+    let usage = member_offset(btf, "page_counter", "usage")?;
+    offsets.mm_owner = member_offset(btf, "mm_struct", "owner")?;
+    offsets.css_parent = member_offset(btf, "cgroup_subsys_state", "parent")?;
+    offsets.memcg_usage = member_offset(btf, "mem_cgroup", "memory")? + usage;
+    Ok(())
 }
 
 /// Whether the kernel's `mark_victim` tracepoint passes the victim's

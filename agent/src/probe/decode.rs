@@ -1,9 +1,9 @@
 //! Kernel records → [`ProbeEvent`]s. Pure: bytes and clocks in, values out.
 
-use agent_common::{CgroupRecord, OomVictimEvent, RecordKind};
+use agent_common::{CgroupRecord, GrowthRecord, OomVictimEvent, RecordKind};
 use chrono::{DateTime, TimeDelta, Utc};
 
-use super::{CgroupChange, OomVictim, ProbeEvent};
+use super::{CgroupChange, GrowthLine, Line, OomVictim, ProbeEvent};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -29,6 +29,7 @@ pub fn record(bytes: &[u8], page_size: u64, clock: &ClockPair) -> Result<ProbeEv
         Some(RecordKind::CgroupMkdir | RecordKind::CgroupRmdir) => {
             cgroup(bytes).map(ProbeEvent::Cgroup)
         }
+        Some(RecordKind::Growth) => growth(bytes, page_size, clock).map(ProbeEvent::Growth),
         None => Err(DecodeError::Kind(kind)),
     }
 }
@@ -45,6 +46,24 @@ fn read_record<T: Copy>(bytes: &[u8]) -> Result<T, DecodeError> {
     // SAFETY: the length is checked; callers only use integer-only records,
     // valid for every bit pattern; read_unaligned copes with any alignment.
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
+
+/// Decodes one `GrowthRecord`.
+pub fn growth(bytes: &[u8], page_size: u64, clock: &ClockPair) -> Result<GrowthLine, DecodeError> {
+    let raw: GrowthRecord = read_record(bytes)?;
+    let line = match raw.line {
+        GrowthRecord::ABOVE_CAP => Line::AboveCap,
+        GrowthRecord::BELOW_CAP => Line::BelowCap,
+        GrowthRecord::STEP => Line::Step,
+        other => return Err(DecodeError::Kind(other)),
+    };
+    Ok(GrowthLine {
+        time: clock.wall_time(raw.boot_time_ns),
+        memcg_id: raw.memcg_id,
+        line,
+        usage_bytes: raw.usage_pages.saturating_mul(page_size),
+        cap_bytes: (raw.cap_pages > 0).then(|| raw.cap_pages.saturating_mul(page_size)),
+    })
 }
 
 /// Decodes one `CgroupRecord`.
@@ -173,6 +192,24 @@ mod tests {
             Err(DecodeError::Kind(9))
         );
         assert!(super::record(&[1, 0], 4096, &ClockPair::now()).is_err());
+
+        let growth = GrowthRecord {
+            kind: RecordKind::Growth as u32,
+            line: GrowthRecord::ABOVE_CAP,
+            memcg_id: 5,
+            usage_pages: 100,
+            cap_pages: 64,
+            boot_time_ns: 1,
+        };
+        let ProbeEvent::Growth(line) =
+            super::record(&bytes_of(&growth), 4096, &ClockPair::now()).unwrap()
+        else {
+            panic!("a growth record")
+        };
+        assert_eq!(
+            (line.line, line.usage_bytes, line.cap_bytes),
+            (Line::AboveCap, 409600, Some(262144))
+        );
     }
 
     fn sample() -> OomVictimEvent {

@@ -5,13 +5,19 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use std::sync::{
+    Mutex,
+    atomic::{AtomicU64, Ordering},
+};
+
 use agent_common::{
-    KernelOffsets, OFFSETS_GLOBAL, ProbeCounter, maps,
+    FastPath, GROWTH_GLOBAL, GrowthSettings, KernelOffsets, OFFSETS_GLOBAL, ProbeCounter,
+    WatchedCgroup, maps,
     programs::{self, AttachPoint},
 };
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, ProgramError, RawTracePoint},
 };
 use tokio::{
@@ -22,7 +28,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    ProbeEvent,
+    KernelWatch, ProbeEvent,
     btf::{self, BtfError},
     decode::{self, ClockPair},
     privilege,
@@ -75,17 +81,68 @@ impl AttachKind {
     }
 }
 
+/// How to load the probe.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeOptions {
+    pub growth: GrowthSettings,
+    /// Benchmarks only: an empty program on `rss_stat` instead of the
+    /// growth program, to measure the hook's own cost.
+    pub floor: bool,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        Self {
+            growth: GrowthSettings::DEFAULT,
+            floor: false,
+        }
+    }
+}
+
 /// The loaded, attached probe. Dropping it detaches every program.
 pub struct EbpfProbe {
     ebpf: Ebpf,
     attach: AttachKind,
     counters: PerCpuArray<MapData, u64>,
+    /// The growth program's per-CPU fast path (its event count); `None`
+    /// when the growth program is not attached.
+    fast_path: Option<PerCpuArray<MapData, FastPath>>,
+    watched: Option<std::sync::Arc<WatchedMap>>,
+    /// Why the growth program is not attached, when it is not.
+    growth_unavailable: Option<String>,
+}
+
+/// The WATCHED map: soft caps of the cgroups user space watches.
+pub struct WatchedMap {
+    map: Mutex<BpfHashMap<MapData, u64, WatchedCgroup>>,
+    generation: AtomicU64,
+    page_size: u64,
+}
+
+impl KernelWatch for WatchedMap {
+    fn set_cap(&self, cgroup_id: u64, cap_bytes: Option<u64>) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let result = match cap_bytes {
+            Some(bytes) => {
+                let value = WatchedCgroup {
+                    soft_cap_pages: bytes.div_ceil(self.page_size),
+                    generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+                };
+                map.insert(cgroup_id, value, 0)
+            }
+            None => map.remove(&cgroup_id).or(Ok(())),
+        };
+        if let Err(error) = result {
+            warn!(cgroup_id, %error, "cannot update the kernel's soft caps (WATCHED map)");
+        }
+    }
 }
 
 impl EbpfProbe {
     /// Checks privileges, resolves offsets from the kernel's BTF, loads the
     /// programs and attaches them (tp_btf first, raw tracepoint otherwise).
-    pub fn load(btf_path: &Path) -> Result<Self, ProbeError> {
+    pub fn load(btf_path: &Path, options: &ProbeOptions) -> Result<Self, ProbeError> {
+        let growth = options.growth;
         let missing = privilege::missing_for_tracing();
         if !missing.is_empty() {
             return Err(ProbeError::Privilege {
@@ -98,11 +155,15 @@ impl EbpfProbe {
         if !btf::mark_victim_passes_task(&kernel_btf)? {
             return Err(ProbeError::MarkVictimWithoutTask);
         }
-        let offsets: KernelOffsets = btf::kernel_offsets(&kernel_btf)?;
+        let mut offsets: KernelOffsets = btf::kernel_offsets(&kernel_btf)?;
+        let growth_unavailable = btf::growth_offsets(&kernel_btf, &mut offsets)
+            .err()
+            .map(|e| format!("growth tracking off: {e}"));
         debug!(?offsets, "kernel offsets from BTF");
 
         let mut ebpf = EbpfLoader::new()
             .override_global(OFFSETS_GLOBAL, &offsets, true)
+            .override_global(GROWTH_GLOBAL, &growth, true)
             .load(PROGRAMS)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         // Attach the cgroup lifecycle first: a cgroup made between the two
@@ -110,11 +171,17 @@ impl EbpfProbe {
         let aya_btf =
             aya::Btf::parse_file(btf_path, aya::Endianness::default()).map_err(|e| e.to_string());
         let mut attach = AttachKind::BtfTracePoint;
-        for point in [
+        let mut points = vec![
             programs::CGROUP_MKDIR,
             programs::CGROUP_RMDIR,
             programs::OOM_MARK_VICTIM,
-        ] {
+        ];
+        match &growth_unavailable {
+            None if options.floor => points.push(programs::RSS_STAT_FLOOR),
+            None => points.push(programs::RSS_STAT),
+            Some(reason) => warn!(%reason, "memory growth is followed by sampling only"),
+        }
+        for point in points {
             let kind = attach_point(&mut ebpf, &aya_btf, point)?;
             info!(
                 tracepoint = point.tracepoint,
@@ -126,10 +193,25 @@ impl EbpfProbe {
             }
         }
         let counters = take_map(&mut ebpf, maps::PROBE_COUNTERS, PerCpuArray::try_from)?;
+        let (fast_path, watched) = if growth_unavailable.is_none() {
+            let fast = take_map(&mut ebpf, maps::FAST_PATH, PerCpuArray::try_from)?;
+            let map = take_map(&mut ebpf, maps::WATCHED, BpfHashMap::try_from)?;
+            let watched = WatchedMap {
+                map: Mutex::new(map),
+                generation: AtomicU64::new(0),
+                page_size: procfs::page_size(),
+            };
+            (Some(fast), Some(std::sync::Arc::new(watched)))
+        } else {
+            (None, None)
+        };
         Ok(Self {
             ebpf,
             attach,
             counters,
+            fast_path,
+            watched,
+            growth_unavailable,
         })
     }
 
@@ -184,12 +266,27 @@ impl EbpfProbe {
 
     /// The programs' counters, summed over CPUs, in [`ProbeCounter::ALL`] order.
     pub fn kernel_counters(&self) -> [u64; ProbeCounter::COUNT as usize] {
-        ProbeCounter::ALL.map(|c| {
-            self.counters
+        ProbeCounter::ALL.map(|c| match (c, &self.fast_path) {
+            (ProbeCounter::RssEvents, Some(fast)) => fast
+                .get(&0, 0)
+                .map(|per_cpu| per_cpu.iter().map(|f| f.events).sum())
+                .unwrap_or(0),
+            _ => self
+                .counters
                 .get(&(c as u32), 0)
                 .map(|per_cpu| per_cpu.iter().sum())
-                .unwrap_or(0)
+                .unwrap_or(0),
         })
+    }
+
+    /// The kernel's soft-cap map, when the growth program runs.
+    pub fn kernel_watch(&self) -> Option<std::sync::Arc<WatchedMap>> {
+        self.watched.clone()
+    }
+
+    /// Why memory growth is not followed in the kernel, when it is not.
+    pub fn growth_unavailable(&self) -> Option<&str> {
+        self.growth_unavailable.as_deref()
     }
 }
 

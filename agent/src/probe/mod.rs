@@ -37,12 +37,50 @@ impl fmt::Display for SourceKind {
     }
 }
 
+/// Where user space tells the kernel side which cgroups to watch and their
+/// soft caps (the eBPF probe's WATCHED map; nothing for sampling-only runs).
+pub trait KernelWatch: Send + Sync {
+    /// Sets (`Some`) or clears (`None`) the soft cap of a memory cgroup, by id.
+    fn set_cap(&self, cgroup_id: u64, cap_bytes: Option<u64>);
+}
+
 /// What a source reports.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProbeEvent {
     OomVictim(OomVictim),
     /// A cgroup was made (`removed: false`) or removed, in some hierarchy.
     Cgroup(CgroupChange),
+    /// A memory cgroup's usage crossed a line (its soft cap, back below it,
+    /// a growth step).
+    Growth(GrowthLine),
+}
+
+/// Which line a memory cgroup's usage crossed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Line {
+    AboveCap,
+    BelowCap,
+    Step,
+}
+
+impl Line {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AboveCap => "above_cap",
+            Self::BelowCap => "below_cap",
+            Self::Step => "step",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrowthLine {
+    pub time: DateTime<Utc>,
+    pub memcg_id: u64,
+    pub line: Line,
+    /// The kernel's usage of the cgroup (memory.usage_in_bytes / memory.current).
+    pub usage_bytes: u64,
+    pub cap_bytes: Option<u64>,
 }
 
 /// A cgroup made or removed. `path` is relative to its hierarchy's root

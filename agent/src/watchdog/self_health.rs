@@ -24,6 +24,8 @@ pub struct ProbeState {
     pub ringbuf_drops: u64,
     /// When the last loss was noticed.
     pub last_drop: Option<Instant>,
+    /// Why memory growth is followed by sampling only (no kernel program).
+    pub growth_unavailable: Option<String>,
 }
 
 impl ProbeState {
@@ -47,6 +49,13 @@ pub fn assess(probe: &ProbeState, now: Instant) -> Verdict {
         (Some(_), _) => {}
         (None, Some(failure)) => verdict.add(Health::Degraded, format!("probe failed: {failure}")),
         (None, None) => verdict.add(Health::Degraded, "probe not attached yet"),
+    }
+    if let Some(reason) = &probe.growth_unavailable {
+        // Not degraded: the sampling loop still sees every crossing, later.
+        verdict.add(
+            Health::Healthy,
+            format!("memory growth is sampled, not followed in the kernel ({reason})"),
+        );
     }
     if let Some(at) = probe.last_drop
         && now.duration_since(at) < LOSS_MEMORY

@@ -39,6 +39,9 @@ pub struct TaskView {
     pub flagged: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<TaskOutcome>,
+    /// The kernel's own usage of the task's cgroup at its last reported line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_usage_bytes: Option<u64>,
 }
 
 /// A soft-cap crossing found by [`TaskState::observe`].
@@ -133,6 +136,7 @@ impl TaskState {
             growing: self.growing(settings),
             flagged: self.flagged.clone(),
             outcome,
+            kernel_usage_bytes: None,
         }
     }
 }

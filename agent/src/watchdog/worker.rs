@@ -93,6 +93,10 @@ pub struct WorkerView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub soft_cap_bytes: Option<u64>,
     pub running_tasks: usize,
+    /// The kernel's own usage of the worker's cgroup at its last reported
+    /// line (growth step or cap crossing), when the kernel follows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_usage_bytes: Option<u64>,
 }
 
 impl WorkerState {
@@ -281,6 +285,7 @@ impl WorkerState {
             residual_bytes: self.residual,
             soft_cap_bytes: self.spec.soft_cap,
             running_tasks,
+            kernel_usage_bytes: None,
         }
     }
 }

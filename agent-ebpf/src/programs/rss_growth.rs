@@ -1,0 +1,190 @@
+//! `kmem/rss_stat`: an mm's resident memory changed, about once per page.
+//!
+//! The hottest hook memwatch has, so the common case does almost nothing:
+//! per CPU, the same mm is looked at once per `check_every` changes (a
+//! per-CPU array compare). When it looks, it finds the mm's memory cgroup
+//! (`mm->owner`'s), reads the kernel's own `page_counter` usage of that
+//! cgroup and of each ancestor, and sends a record only when one crosses a
+//! line: its soft cap (from the WATCHED map), back below it (hysteresis),
+//! or another growth step. The kernel keeps the figures; user space hears
+//! of lines crossed, never of pages.
+
+use agent_common::{GrowthRecord, KernelOffsets, ProbeCounter, RecordKind, WatchedCgroup};
+use aya_ebpf::{
+    helpers::bpf_ktime_get_boot_ns,
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
+};
+
+use crate::maps::{
+    EVENTS, FAST_PATH, GROWTH, MEMCG_STATE, MemcgState, OFFSETS, WATCHED, count, read,
+};
+
+/// Ancestors looked at above the mm's own memory cgroup (kubepods nest 4 deep).
+const MAX_DEPTH: usize = 6;
+
+#[btf_tracepoint(function = "rss_stat")]
+pub fn rss_stat_btf(ctx: BtfTracePointContext) -> i32 {
+    on_rss_change(ctx.arg(0))
+}
+
+#[raw_tracepoint(tracepoint = "rss_stat")]
+pub fn rss_stat_raw(ctx: RawTracePointContext) -> i32 {
+    on_rss_change(ctx.arg(0))
+}
+
+/// The benchmark floor: the same hook, doing nothing. Attached instead of
+/// `rss_stat_btf` only by `memwatch run --probe-floor` (see `cargo xtask
+/// bench overhead`), to tell the hook's own cost from the program's.
+#[btf_tracepoint(function = "rss_stat")]
+pub fn rss_stat_floor_btf(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+#[inline(always)]
+fn on_rss_change(mm: *const u8) -> i32 {
+    let Some(fast) = FAST_PATH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot of a live per-CPU array; not re-entered.
+    let fast = unsafe { &mut *fast };
+    fast.events += 1;
+    if fast.mm == mm as u64 && fast.skip > 0 {
+        fast.skip -= 1;
+        return 0;
+    }
+    fast.mm = mm as u64;
+    fast.skip = GROWTH.load().check_every as u64;
+    count(ProbeCounter::GrowthChecks);
+    match look(mm) {
+        Ok(()) => 0,
+        Err(code) => code,
+    }
+}
+
+/// The slow path: the mm's memory cgroup and its ancestors.
+fn look(mm: *const u8) -> Result<(), i32> {
+    let off = OFFSETS.load();
+    if off.valid == 0 || mm.is_null() {
+        return Err(1);
+    }
+    let owner: *const u8 = read(mm, off.mm_owner)?;
+    let css_set: *const u8 = read(owner, off.task_cgroups)?;
+    let mut memcg: *const u8 = read(css_set, off.css_set_subsys + off.memory_cgrp_id * 8)?;
+    for _ in 0..MAX_DEPTH {
+        if memcg.is_null() {
+            break;
+        }
+        let parent: *const u8 = read(memcg, off.css_parent)?;
+        // The root memory cgroup (no parent) is the whole host: not a line.
+        if parent.is_null() {
+            break;
+        }
+        check(memcg, &off)?;
+        memcg = parent;
+    }
+    Ok(())
+}
+
+fn check(memcg: *const u8, off: &KernelOffsets) -> Result<(), i32> {
+    let usage: u64 = read(memcg, off.memcg_usage)?;
+    let settings = GROWTH.load();
+    let key = memcg as u64;
+    let state = match MEMCG_STATE.get_ptr_mut(key) {
+        Some(state) => state,
+        None => {
+            let fresh = first_look(memcg, off, usage, settings.step_pages)?;
+            MEMCG_STATE.insert(key, fresh, 0).map_err(|_| 3)?;
+            return Ok(());
+        }
+    };
+    // SAFETY: a live element of the LRU map; concurrent updates from other
+    // CPUs race only on these plain counters, and a lost update at worst
+    // repeats or skips one record.
+    let state = unsafe { &mut *state };
+    refresh_cap(state);
+    if state.cap_pages > 0 {
+        let cap = state.cap_pages;
+        let rearm = cap * (1000 - settings.hysteresis_permille as u64) / 1000;
+        if state.above == 0 && usage > cap {
+            state.above = 1;
+            send(state, GrowthRecord::ABOVE_CAP, usage);
+        } else if state.above == 1 && usage < rearm {
+            state.above = 0;
+            send(state, GrowthRecord::BELOW_CAP, usage);
+        }
+    }
+    let step = settings.step_pages;
+    if let Some(next) = next_step(usage, step) {
+        if usage >= state.next_step {
+            state.next_step = next;
+            send(state, GrowthRecord::STEP, usage);
+        } else if usage + 2 * step < state.next_step {
+            // It shrank: the next growth past a step is news again.
+            state.next_step = next;
+        }
+    }
+    Ok(())
+}
+
+/// The first multiple of `step` above `usage` (`None` without steps).
+#[inline(always)]
+fn next_step(usage: u64, step: u64) -> Option<u64> {
+    usage.checked_div(step).map(|n| (n + 1) * step)
+}
+
+/// A cgroup seen for the first time: its id, cap and where it stands. A
+/// watched cgroup already over its cap says so at once.
+fn first_look(
+    memcg: *const u8,
+    off: &KernelOffsets,
+    usage: u64,
+    step: u64,
+) -> Result<MemcgState, i32> {
+    let cgroup: *const u8 = read(memcg, off.css_cgroup)?;
+    let kn: *const u8 = read(cgroup, off.cgroup_kn)?;
+    let id: u64 = read(kn, off.kernfs_node_id)?;
+    let mut state = MemcgState {
+        id,
+        cap_pages: 0,
+        generation: 0,
+        next_step: next_step(usage, step).unwrap_or(u64::MAX),
+        above: 0,
+    };
+    refresh_cap(&mut state);
+    if state.cap_pages > 0 && usage > state.cap_pages {
+        state.above = 1;
+        send(&state, GrowthRecord::ABOVE_CAP, usage);
+    }
+    Ok(state)
+}
+
+/// Re-reads the cap when user space rewrote (or removed) the entry.
+#[inline(always)]
+fn refresh_cap(state: &mut MemcgState) {
+    // SAFETY: a read-only look at a map value.
+    let watched: Option<&WatchedCgroup> = unsafe { WATCHED.get(state.id) };
+    let (cap, generation) = watched.map_or((0, 0), |w| (w.soft_cap_pages, w.generation));
+    if generation != state.generation {
+        state.generation = generation;
+        state.cap_pages = cap;
+        state.above = 0;
+    }
+}
+
+fn send(state: &MemcgState, line: u32, usage: u64) {
+    let Some(mut entry) = EVENTS.reserve::<GrowthRecord>(0) else {
+        count(ProbeCounter::RingbufFull);
+        return;
+    };
+    entry.write(GrowthRecord {
+        kind: RecordKind::Growth as u32,
+        line,
+        memcg_id: state.id,
+        usage_pages: usage,
+        cap_pages: state.cap_pages,
+        boot_time_ns: unsafe { bpf_ktime_get_boot_ns() },
+    });
+    entry.submit(0);
+    count(ProbeCounter::GrowthRecords);
+}
