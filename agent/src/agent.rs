@@ -21,15 +21,15 @@ use tracing::{info, warn};
 use crate::{
     api::{self, AppState},
     cgroup::MemoryHierarchy,
-    config::Config,
+    config::{Config, SourceChoice},
     event::{EventBody, EventKind},
     heartbeat,
     monitor::Monitor,
     pipeline::{PROBE_QUEUE, Pipeline},
     probe::{
-        SourceKind,
+        ProbeEvent, SourceKind,
         ebpf::{EbpfProbe, ProbeError, ProbeOptions},
-        privilege,
+        poll, privilege,
     },
     reconcile,
     sampler::SystemReader,
@@ -59,7 +59,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Before anything is created on disk: a run that cannot attach must say
     // why, not fail on a state directory it may not write either.
     let missing = privilege::missing_for_tracing();
-    if !missing.is_empty() {
+    if config.source == SourceChoice::Ebpf && !missing.is_empty() {
         return Err(ProbeError::Privilege {
             missing: privilege::names(&missing),
         }
@@ -148,31 +148,27 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .into_future(),
     );
 
-    let btf_path = config.btf_path.clone();
-    let options = ProbeOptions {
-        growth: config.growth_settings(),
-        floor: config.probe_floor,
-    };
-    let mut probe = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path, &options))
-        .await
-        .context("probe loader panicked")??;
     let (tx, rx) = mpsc::channel(PROBE_QUEUE);
-    let reader = probe.spawn_reader(tx)?;
-    let attach = probe.attach_kind().as_str();
+    let (probe, reader, ebpf_error) = start_source(&config, &hierarchy, tx).await?;
+    let (source, attach) = match &probe {
+        Some(p) => (SourceKind::Ebpf, p.attach_kind().as_str()),
+        None => (SourceKind::Poll, "cgroup files"),
+    };
     {
         let mut state = probe_state.lock().unwrap_or_else(|e| e.into_inner());
-        state.source = Some(SourceKind::Ebpf);
+        state.source = Some(source);
         state.attach = Some(attach);
+        state.ebpf_unavailable = ebpf_error;
     }
     metrics.probe_ready.set(1);
     metrics
         .probe_source
-        .with_label_values(&[SourceKind::Ebpf.as_str()])
+        .with_label_values(&[source.as_str()])
         .set(1);
 
     let mut started = EventBody::new(EventKind::AgentStarted);
     started.reason = Some(format!(
-        "memwatch {} started; source ebpf ({attach})",
+        "memwatch {} started; source {source} ({attach})",
         env!("CARGO_PKG_VERSION")
     ));
     outbox.append(started, None);
@@ -194,10 +190,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         .run(rx),
     );
-    if let Some(watch) = probe.kernel_watch() {
+    if let Some(watch) = probe.as_ref().and_then(EbpfProbe::kernel_watch) {
         monitor.attach_kernel_watch(watch);
     }
-    if let Some(reason) = probe.growth_unavailable() {
+    if let Some(reason) = probe.as_ref().and_then(EbpfProbe::growth_unavailable) {
         probe_state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -217,7 +213,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 break;
             }
             _ = ticker.tick() => {
-                let now = probe.kernel_counters();
+                let now = probe.as_ref().map(EbpfProbe::kernel_counters).unwrap_or_default();
                 publish_counters(&metrics, &last, &now);
                 probe_state
                     .lock()
@@ -265,6 +261,44 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// Reads worker and task memory every `interval` and runs the checks. The
 /// file reads block, so each round runs on the blocking pool; a slow round
 /// delays the next instead of piling up.
+/// Starts the event source the configuration asks for: eBPF, the poll
+/// fallback, or eBPF falling back to polling when it cannot load (then the
+/// third value says why).
+async fn start_source(
+    config: &Config,
+    hierarchy: &MemoryHierarchy,
+    tx: mpsc::Sender<ProbeEvent>,
+) -> anyhow::Result<(Option<EbpfProbe>, JoinHandle<()>, Option<String>)> {
+    if config.source == SourceChoice::Poll {
+        info!("source poll (configured)");
+        return Ok((
+            None,
+            poll::spawn(hierarchy.clone(), poll::DEFAULT_INTERVAL, tx),
+            None,
+        ));
+    }
+    let btf_path = config.btf_path.clone();
+    let options = ProbeOptions {
+        growth: config.growth_settings(),
+        floor: config.probe_floor,
+    };
+    let loaded = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path, &options))
+        .await
+        .context("probe loader panicked")?;
+    match (loaded, config.source) {
+        (Ok(mut probe), _) => {
+            let reader = probe.spawn_reader(tx)?;
+            Ok((Some(probe), reader, None))
+        }
+        (Err(error), SourceChoice::Auto) => {
+            warn!(%error, "eBPF unavailable: falling back to polling the cgroup files");
+            let reader = poll::spawn(hierarchy.clone(), poll::DEFAULT_INTERVAL, tx);
+            Ok((None, reader, Some(error.to_string())))
+        }
+        (Err(error), _) => Err(error.into()),
+    }
+}
+
 async fn sample_forever(monitor: Arc<Monitor>, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

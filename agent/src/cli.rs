@@ -112,6 +112,9 @@ pub struct RunArgs {
     /// hook's own cost with it).
     #[arg(long, hide = true)]
     pub probe_floor: bool,
+    /// Event source: `auto` (eBPF, else polling the cgroup files), `ebpf`, `poll`.
+    #[arg(long, value_enum)]
+    pub source: Option<crate::config::SourceChoice>,
 }
 
 impl RunArgs {
@@ -122,6 +125,7 @@ impl RunArgs {
             state_dir: self.state_dir.clone(),
             webhooks: self.webhooks.clone(),
             probe_floor: self.probe_floor,
+            source: self.source,
         }
     }
 }

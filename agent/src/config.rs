@@ -62,6 +62,8 @@ pub struct Config {
     pub growth_step: u64,
     /// Benchmarks only (`--probe-floor`): an empty program on the growth hook.
     pub probe_floor: bool,
+    /// The event source.
+    pub source: SourceChoice,
     /// Bearer token required on mutating routes, when set.
     pub api_token: Option<String>,
     /// Watchdog knobs shared by every worker.
@@ -70,6 +72,19 @@ pub struct Config {
     pub workers: Vec<WorkerSpec>,
     /// Cgroups that become tasks of a worker as they appear.
     pub rules: Vec<Rule>,
+}
+
+/// Which event source `run` uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceChoice {
+    /// eBPF, falling back to polling the cgroup files when it cannot load.
+    #[default]
+    Auto,
+    /// eBPF only: fail when it cannot load.
+    Ebpf,
+    /// Polling the cgroup files only.
+    Poll,
 }
 
 /// Every cgroup whose path matches `pattern` is a task of `worker`.
@@ -98,6 +113,7 @@ impl Default for Config {
             sample_interval: Duration::from_secs(1),
             growth_step: 64 << 20,
             probe_floor: false,
+            source: SourceChoice::Auto,
             api_token: None,
             watchdog: Settings::default(),
             workers: Vec::new(),
@@ -125,6 +141,7 @@ pub struct FileConfig {
     pub nats: Vec<NatsFile>,
     pub sample_interval: Option<Span>,
     pub growth_step: Option<Size>,
+    pub source: Option<SourceChoice>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub on_residual_over_cap: Option<OnResidualOverCap>,
@@ -170,6 +187,8 @@ pub struct Overrides {
     pub webhooks: Vec<String>,
     /// `--probe-floor` (benchmarks only).
     pub probe_floor: bool,
+    /// `--source`.
+    pub source: Option<SourceChoice>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +226,9 @@ impl Config {
             config.listen = listen;
         }
         config.probe_floor = overrides.probe_floor;
+        if let Some(source) = overrides.source {
+            config.source = source;
+        }
         if let Some(name) = &overrides.node_name {
             config.node_name = name.clone();
         }
@@ -237,6 +259,7 @@ impl Config {
             log_level,
             sample_interval,
             growth_step,
+            source,
             api_token,
             api_token_file,
             on_residual_over_cap,
@@ -273,6 +296,7 @@ impl Config {
         set(&mut self.log_level, log_level);
         set(&mut self.sample_interval, sample_interval.map(|s| s.0));
         set(&mut self.growth_step, growth_step.map(|s| s.0));
+        set(&mut self.source, source);
         set(
             &mut self.watchdog.on_residual_over_cap,
             on_residual_over_cap,

@@ -153,10 +153,23 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
     }
 
     // The real test: load and attach the probe as `run` would, then detach.
+    // Without it, `run` polls the cgroup files (when there are any).
     let probe = EbpfProbe::load(btf_path, &Default::default());
-    let usable = probe.is_ok() && hierarchy.is_ok();
-    rows.push(match probe {
-        Ok(p) => check(
+    let usable = hierarchy.is_ok();
+    rows.push(match (probe, &hierarchy) {
+        (Err(e), Ok(_)) => check(
+            "source for `run`",
+            State::Warn,
+            format!(
+                "poll (the cgroup files, every second; victims unnamed): eBPF unavailable: {e}"
+            ),
+        ),
+        (Err(e), Err(_)) => check(
+            "source for `run`",
+            State::Fail,
+            format!("none: {e}; no memory cgroup files to poll"),
+        ),
+        (Ok(p), _) => check(
             "source for `run`",
             State::Ok,
             format!(
@@ -164,7 +177,6 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
                 p.attach_kind().as_str()
             ),
         ),
-        Err(e) => check("source for `run`", State::Fail, format!("none: {e}")),
     });
     (rows, usable)
 }
@@ -216,9 +228,8 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_btf_file_is_a_named_failure() {
+    fn a_missing_btf_file_is_a_named_failure_and_polling_is_left() {
         let (rows, usable) = diagnose(Path::new("/nonexistent/vmlinux"));
-        assert!(!usable);
         let btf = rows.iter().find(|r| r.name == "BTF").unwrap();
         assert_eq!(btf.state, State::Fail);
         assert!(
@@ -226,6 +237,13 @@ mod tests {
             "{}",
             btf.detail
         );
-        assert_eq!(rows.last().unwrap().state, State::Fail);
+        // No eBPF: polling the cgroup files is what is left, where there are any.
+        let verdict = rows.last().unwrap();
+        assert_eq!(usable, MemoryHierarchy::discover().is_ok());
+        if usable {
+            assert!(verdict.detail.starts_with("poll"), "{}", verdict.detail);
+        } else {
+            assert_eq!(verdict.state, State::Fail);
+        }
     }
 }

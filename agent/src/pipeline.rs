@@ -9,13 +9,16 @@ use tracing::{info, warn};
 use crate::{
     event::{EventBody, EventKind, OomDetails},
     monitor::Monitor,
-    probe::{OomVictim, ProbeEvent},
+    probe::{OomCount, OomVictim, ProbeEvent},
     shipper::outbox::Outbox,
     telemetry::Metrics,
 };
 
 /// Bound of the queue between the ring-buffer reader and the pipeline.
 pub const PROBE_QUEUE: usize = 4096;
+/// Most `oom_kill` events made from one polled counter jump (a storm
+/// between two readings is summed up in the last one's reason).
+const MAX_KILLS_PER_READING: u64 = 100;
 
 pub struct Pipeline {
     pub monitor: Arc<Monitor>,
@@ -35,6 +38,7 @@ impl Pipeline {
         match event {
             ProbeEvent::Cgroup(change) => self.monitor.cgroup_changed(&change),
             ProbeEvent::Growth(line) => self.monitor.growth_line(&line),
+            ProbeEvent::OomCounted(count) => self.oom_counted(&count),
             ProbeEvent::OomVictim(victim) => {
                 let mut body = self.oom_kill(&victim);
                 let (task_id, worker, task_ended) = self
@@ -57,6 +61,41 @@ impl Pipeline {
                     "OOM kill"
                 );
             }
+        }
+    }
+
+    /// Kills the poll source counted: one `oom_kill` each (up to a bound),
+    /// with the cgroup, its limit, task and worker, and no victim.
+    fn oom_counted(&mut self, count: &OomCount) {
+        let kills = count.after - count.before;
+        for n in 0..kills.min(MAX_KILLS_PER_READING) {
+            let mut body = EventBody::new(EventKind::OomKill);
+            let (constraint, limit) =
+                crate::limits::oom_limit(&count.cgroup, &self.monitor.cgroup_root());
+            body.constraint = Some(constraint);
+            body.limit_cgroup = limit.map(|p| p.display().to_string());
+            body.cgroup = Some(count.cgroup.display().to_string());
+            let (task_id, worker, task_ended) = self.monitor.attribute_oom(Some(&count.cgroup), 0);
+            body.task_id = task_id;
+            body.worker = worker;
+            body.reason = Some(format!(
+                "seen by polling: the cgroup's oom_kill counter went {} -> {}{}; victim unknown (source poll)",
+                count.before,
+                count.after,
+                if kills > MAX_KILLS_PER_READING && n + 1 == MAX_KILLS_PER_READING {
+                    format!(
+                        ", {} more kills not reported one by one",
+                        kills - MAX_KILLS_PER_READING
+                    )
+                } else {
+                    String::new()
+                }
+            ));
+            self.metrics.oom_kills.inc();
+            self.metrics.count_event(&body);
+            let event = self.outbox.append(body, Some(count.time));
+            self.monitor.store(task_ended);
+            info!(seq = event.seq, cgroup = %count.cgroup.display(), "OOM kill (polled)");
         }
     }
 

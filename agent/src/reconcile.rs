@@ -68,6 +68,22 @@ fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
     })
 }
 
+/// Cgroups whose kill counter grew between two readings, as
+/// `(cgroup, before, after)`. A cgroup new since `before` started at 0; a
+/// counter that went down is a new cgroup under an old name.
+pub fn grown<'a>(
+    before: &BTreeMap<String, u64>,
+    now: &'a BTreeMap<String, u64>,
+) -> Vec<(&'a str, u64, u64)> {
+    now.iter()
+        .filter_map(|(cgroup, &kills)| {
+            let was = before.get(cgroup).copied().unwrap_or(0);
+            let was = if kills < was { 0 } else { was };
+            (kills > was).then_some((cgroup.as_str(), was, kills))
+        })
+        .collect()
+}
+
 /// The events for kills counted since `saved`. Nothing without a saved
 /// baseline: on a first run, no one knows when the kernel's counts grew.
 pub fn recovered_kills(
@@ -77,23 +93,18 @@ pub fn recovered_kills(
     let Some(saved) = saved else {
         return Vec::new();
     };
-    now.iter()
-        .filter_map(|(cgroup, &kills)| {
-            // A cgroup made while the agent was down started at 0.
-            let before = saved.get(cgroup).copied().unwrap_or(0);
-            // A counter that went down is a new cgroup under an old name.
-            let before = if kills < before { 0 } else { before };
+    grown(saved, now)
+        .into_iter()
+        .map(|(cgroup, before, kills)| {
             let missed = kills - before;
-            (missed > 0).then(|| {
-                let mut body = EventBody::new(EventKind::OomKill);
-                body.cgroup = Some(cgroup.clone());
-                body.reason = Some(format!(
-                    "recovered after the fact: {missed} OOM kill{} in this cgroup while the agent was \
-                     not running (kernel counter {before} -> {kills}); victim unknown",
-                    if missed == 1 { "" } else { "s" }
-                ));
-                body
-            })
+            let mut body = EventBody::new(EventKind::OomKill);
+            body.cgroup = Some(cgroup.to_string());
+            body.reason = Some(format!(
+                "recovered after the fact: {missed} OOM kill{} in this cgroup while the agent was \
+                 not running (kernel counter {before} -> {kills}); victim unknown",
+                if missed == 1 { "" } else { "s" }
+            ));
+            body
         })
         .collect()
 }

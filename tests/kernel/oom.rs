@@ -7,7 +7,11 @@ use std::{
 };
 
 use memwatch::event::{Event, EventKind, OomConstraint};
-use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, workspace_bin};
+use memwatch_tests::{
+    agent::{Agent, UNPRIVILEGED},
+    cgroup::TestCgroup,
+    kernel_tests_enabled, workspace_bin,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -135,17 +139,11 @@ async fn without_bpf_capabilities_run_names_the_missing_capability() {
     if !kernel_tests_enabled("without_bpf_capabilities_run_names_the_missing_capability") {
         return;
     }
-    // As an unprivileged user with no capabilities at all.
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--",
-        ])
+    // As an unprivileged user with no capabilities at all, eBPF demanded.
+    let out = Command::new(UNPRIVILEGED[0])
+        .args(&UNPRIVILEGED[1..])
         .arg(workspace_bin("memwatch"))
-        .args(["run", "--listen", "127.0.0.1:0"])
+        .args(["run", "--listen", "127.0.0.1:0", "--source", "ebpf"])
         .output()
         .expect("setpriv (util-linux)");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -290,4 +288,58 @@ async fn oom_kill_while_the_agent_was_down_is_reported_at_the_next_start() {
         .filter(|e| e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path))
         .count();
     assert_eq!(reported, 1, "{all:?}");
+}
+
+#[tokio::test]
+async fn without_bpf_the_agent_falls_back_to_polling_and_still_reports_oom_kills() {
+    if !kernel_tests_enabled(
+        "without_bpf_the_agent_falls_back_to_polling_and_still_reports_oom_kills",
+    ) {
+        return;
+    }
+    let agent = Agent::start_unprivileged(&[]).await;
+    let (code, health) = agent.get("/health").await;
+    assert_eq!(code, 200, "{health}");
+    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["source"], "poll");
+    assert_eq!(health["status"], "degraded");
+    let reasons = health["reasons"].to_string();
+    assert!(
+        reasons.contains("eBPF unavailable") && reasons.contains("CAP_BPF"),
+        "{reasons}"
+    );
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        metrics.contains("memwatch_probe_source{source=\"poll\"} 1"),
+        "{metrics}"
+    );
+
+    let cgroup = TestCgroup::create("polled");
+    cgroup.limit(64 * MIB);
+    let (_, status) =
+        oom_in(cgroup.exec_line(&format!("{} 200 30", workspace_bin("memhog").display())));
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    let path = cgroup.path_str().to_string();
+    let started = Instant::now();
+    let (event, _) = wait_for_event(&agent, Duration::from_secs(5), |e| {
+        e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path.as_str())
+    })
+    .await
+    .unwrap_or_else(|| panic!("no polled oom_kill for {path}; log:\n{}", agent.log_text()));
+    println!(
+        "poll source: oom_kill reported {} ms after the kill",
+        started.elapsed().as_millis()
+    );
+    assert!(
+        event
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("seen by polling"),
+        "{event:?}"
+    );
+    assert_eq!(event.body.constraint, Some(OomConstraint::Cgroup));
+    assert_eq!(event.body.limit_cgroup.as_deref(), Some(path.as_str()));
 }

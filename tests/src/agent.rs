@@ -50,13 +50,40 @@ impl Agent {
         agent
     }
 
+    /// Starts the agent as user `nobody` with no capability at all (through
+    /// `setpriv`), with a state directory it may write.
+    pub async fn start_unprivileged(extra: &[&str]) -> Agent {
+        let state = tempfile::tempdir().expect("state dir");
+        fs::set_permissions(
+            state.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .expect("chmod state dir");
+        let prefix = UNPRIVILEGED.map(String::from);
+        let mut agent = Self::spawn(&prefix, state.path(), extra).await;
+        agent._state = Some(state);
+        agent
+    }
+
     /// Starts the agent with `--state-dir state_dir` (kept by the caller,
     /// e.g. across a restart) and `extra` flags; waits until it is ready.
     pub async fn start_in(state_dir: &Path, extra: &[&str]) -> Agent {
+        Self::spawn(&[], state_dir, extra).await
+    }
+
+    async fn spawn(prefix: &[String], state_dir: &Path, extra: &[&str]) -> Agent {
         let port = free_port();
         let log =
             std::env::temp_dir().join(format!("memwatch-test-{}-{port}.log", std::process::id()));
-        let child = Command::new(workspace_bin("memwatch"))
+        let mut command = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(workspace_bin("memwatch"));
+                c
+            }
+            None => Command::new(workspace_bin("memwatch")),
+        };
+        let child = command
             .args([
                 "run",
                 "--listen",
@@ -211,6 +238,16 @@ impl Drop for Agent {
         let _ = fs::remove_file(&self.log);
     }
 }
+
+/// `setpriv` arguments that run a command as `nobody` with no capability.
+pub const UNPRIVILEGED: [&str; 6] = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=-all",
+    "--",
+];
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {

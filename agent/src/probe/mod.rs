@@ -6,6 +6,7 @@
 pub mod btf;
 pub mod decode;
 pub mod ebpf;
+pub mod poll;
 pub mod privilege;
 
 use std::fmt;
@@ -53,6 +54,18 @@ pub enum ProbeEvent {
     /// A memory cgroup's usage crossed a line (its soft cap, back below it,
     /// a growth step).
     Growth(GrowthLine),
+    /// The poll source saw a cgroup's kernel OOM-kill counter grow: kills
+    /// without a known victim.
+    OomCounted(OomCount),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct OomCount {
+    /// When the poll noticed (the kills happened since the last reading).
+    pub time: DateTime<Utc>,
+    pub cgroup: std::path::PathBuf,
+    pub before: u64,
+    pub after: u64,
 }
 
 /// Which line a memory cgroup's usage crossed.

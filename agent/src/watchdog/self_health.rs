@@ -26,6 +26,8 @@ pub struct ProbeState {
     pub last_drop: Option<Instant>,
     /// Why memory growth is followed by sampling only (no kernel program).
     pub growth_unavailable: Option<String>,
+    /// Why the eBPF source could not load, when the agent fell back to polling.
+    pub ebpf_unavailable: Option<String>,
 }
 
 impl ProbeState {
@@ -49,6 +51,13 @@ pub fn assess(probe: &ProbeState, now: Instant) -> Verdict {
         (Some(_), _) => {}
         (None, Some(failure)) => verdict.add(Health::Degraded, format!("probe failed: {failure}")),
         (None, None) => verdict.add(Health::Degraded, "probe not attached yet"),
+    }
+    if let Some(reason) = &probe.ebpf_unavailable {
+        // Still watching, but slower and without victims' names: degraded.
+        verdict.add(
+            Health::Degraded,
+            format!("source poll: eBPF unavailable ({reason}); OOM kills are seen within a second, victims unnamed"),
+        );
     }
     if let Some(reason) = &probe.growth_unavailable {
         // Not degraded: the sampling loop still sees every crossing, later.
