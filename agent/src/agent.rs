@@ -2,7 +2,7 @@
 //! and shuts them down in order.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -205,6 +205,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut oom_ticker = tokio::time::interval(OOM_COUNTS_INTERVAL);
     let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
     let mut last = [0u64; ProbeCounter::COUNT as usize];
+    let mut last_runs: HashMap<String, (u64, u64)> = HashMap::new();
     tokio::pin!(signal);
     loop {
         tokio::select! {
@@ -214,6 +215,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
             _ = ticker.tick() => {
                 let now = probe.as_ref().map(EbpfProbe::kernel_counters).unwrap_or_default();
+                if config.bpf_stats
+                    && let Some(probe) = &probe
+                {
+                    publish_program_stats(&metrics, &mut last_runs, probe.program_stats());
+                }
                 publish_counters(&metrics, &last, &now);
                 probe_state
                     .lock()
@@ -281,6 +287,7 @@ async fn start_source(
     let options = ProbeOptions {
         growth: config.growth_settings(),
         floor: config.probe_floor,
+        stats: config.bpf_stats,
     };
     let loaded = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path, &options))
         .await
@@ -355,6 +362,26 @@ async fn save_oom_counts(
     };
     if counts != *last && outbox.save_oom_counts(&counts) {
         *last = counts;
+    }
+}
+
+/// Moves the programs' run counts and times into the metrics.
+fn publish_program_stats(
+    metrics: &Metrics,
+    last: &mut HashMap<String, (u64, u64)>,
+    now: Vec<(String, u64, u64)>,
+) {
+    for (name, runs, nanos) in now {
+        let (runs_before, nanos_before) = last.get(&name).copied().unwrap_or_default();
+        metrics
+            .program_runs
+            .with_label_values(&[name.as_str()])
+            .inc_by(runs.saturating_sub(runs_before));
+        metrics
+            .program_run_seconds
+            .with_label_values(&[name.as_str()])
+            .inc_by(nanos.saturating_sub(nanos_before) as f64 / 1e9);
+        last.insert(name, (runs, nanos));
     }
 }
 

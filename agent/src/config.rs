@@ -64,6 +64,9 @@ pub struct Config {
     pub probe_floor: bool,
     /// The event source.
     pub source: SourceChoice,
+    /// Turn on the kernel's BPF run-time statistics (program run counts and
+    /// times as metrics; ~20 ns per program run).
+    pub bpf_stats: bool,
     /// Bearer token required on mutating routes, when set.
     pub api_token: Option<String>,
     /// Watchdog knobs shared by every worker.
@@ -114,6 +117,7 @@ impl Default for Config {
             growth_step: 64 << 20,
             probe_floor: false,
             source: SourceChoice::Auto,
+            bpf_stats: false,
             api_token: None,
             watchdog: Settings::default(),
             workers: Vec::new(),
@@ -142,6 +146,7 @@ pub struct FileConfig {
     pub sample_interval: Option<Span>,
     pub growth_step: Option<Size>,
     pub source: Option<SourceChoice>,
+    pub bpf_stats: Option<bool>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub on_residual_over_cap: Option<OnResidualOverCap>,
@@ -260,6 +265,7 @@ impl Config {
             sample_interval,
             growth_step,
             source,
+            bpf_stats,
             api_token,
             api_token_file,
             on_residual_over_cap,
@@ -297,6 +303,7 @@ impl Config {
         set(&mut self.sample_interval, sample_interval.map(|s| s.0));
         set(&mut self.growth_step, growth_step.map(|s| s.0));
         set(&mut self.source, source);
+        set(&mut self.bpf_stats, bpf_stats);
         set(
             &mut self.watchdog.on_residual_over_cap,
             on_residual_over_cap,

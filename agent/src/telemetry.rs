@@ -24,6 +24,8 @@ pub const TASK_REJECTIONS_TOTAL: &str = "memwatch_task_rejections_total";
 pub const SOFT_CAP_CROSSINGS_TOTAL: &str = "memwatch_soft_cap_crossings_total";
 pub const TASK_OOM_KILLS_TOTAL: &str = "memwatch_task_oom_kills_total";
 pub const GROWTH_LINES_TOTAL: &str = "memwatch_growth_lines_total";
+pub const PROGRAM_RUNS_TOTAL: &str = "memwatch_probe_program_runs_total";
+pub const PROGRAM_RUN_SECONDS_TOTAL: &str = "memwatch_probe_program_run_seconds_total";
 
 fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
     IntGaugeVec::new(Opts::new(name, help), labels)
@@ -81,6 +83,9 @@ pub struct Metrics {
     pub task_oom_kills: IntCounterVec,
     /// Lines crossed in the kernel, by line (`above_cap`, `below_cap`, `step`).
     pub growth_lines: IntCounterVec,
+    /// Runs and run time of each eBPF program (with `bpf_stats = true`).
+    pub program_runs: IntCounterVec,
+    pub program_run_seconds: prometheus::CounterVec,
     /// Events in the outbox database.
     pub outbox_stored: IntGauge,
     /// Events held in memory because the state directory cannot be written.
@@ -116,6 +121,8 @@ impl Metrics {
             Box::new(self.soft_cap_crossings.clone()),
             Box::new(self.task_oom_kills.clone()),
             Box::new(self.growth_lines.clone()),
+            Box::new(self.program_runs.clone()),
+            Box::new(self.program_run_seconds.clone()),
             Box::new(self.outbox_stored.clone()),
             Box::new(self.outbox_pending.clone()),
             Box::new(self.outbox_unpersisted.clone()),
@@ -219,6 +226,18 @@ impl Metrics {
                 GROWTH_LINES_TOTAL,
                 "Memory cgroup lines crossed, seen in the kernel.",
                 &["line"],
+            )?,
+            program_runs: counter(
+                PROGRAM_RUNS_TOTAL,
+                "eBPF program runs (with bpf_stats on).",
+                &["program"],
+            )?,
+            program_run_seconds: prometheus::CounterVec::new(
+                Opts::new(
+                    PROGRAM_RUN_SECONDS_TOTAL,
+                    "eBPF program run time (with bpf_stats on).",
+                ),
+                &["program"],
             )?,
             outbox_stored: IntGauge::new(OUTBOX_STORED, "Events in the outbox database.")?,
             outbox_pending: IntGauge::new(

@@ -71,6 +71,15 @@ fn overhead() -> anyhow::Result<()> {
         "\nProbe overhead: faultbench (mmap 2 GiB, touch every 4 KiB page, unmap; 3 times; THP off)"
     );
     println!("median of {ROUNDS} interleaved rounds\n");
+    let per_run = [
+        program_cost(
+            &memwatch,
+            &faultbench,
+            &["--probe-floor"],
+            "rss_stat_floor_btf",
+        )?,
+        program_cost(&memwatch, &faultbench, &[], "rss_stat_btf")?,
+    ];
     let floor = median(&mut times[1].clone());
     println!("| configuration | median time | ratio vs no agent | ratio vs empty program |");
     println!("|---|---|---|---|");
@@ -78,7 +87,51 @@ fn overhead() -> anyhow::Result<()> {
         let m = median(samples);
         println!("| {name} | {m:.3} s | {:.3} | {:.3} |", m / base, m / floor);
     }
+    println!(
+        "\nCost of the program on `rss_stat` itself (kernel run-time statistics, one faultbench run):\n"
+    );
+    println!("| program | runs | ns per run |");
+    println!("|---|---|---|");
+    for (program, runs, seconds) in per_run {
+        println!(
+            "| {program} | {runs:.0} | {:.1} |",
+            seconds * 1e9 / runs.max(1.0)
+        );
+    }
     Ok(())
+}
+
+/// Runs the workload once under an agent with BPF run-time statistics on,
+/// and reads `program`'s run count and run time from `/metrics`.
+fn program_cost(
+    memwatch: &std::path::Path,
+    faultbench: &std::path::Path,
+    extra: &[&str],
+    program: &str,
+) -> anyhow::Result<(String, f64, f64)> {
+    let config = std::env::temp_dir().join(format!("memwatch-bench-{}.toml", std::process::id()));
+    std::fs::write(&config, "bpf_stats = true\n")?;
+    let mut args = vec!["--config", config.to_str().unwrap_or_default()];
+    args.extend(extra);
+    let agent = Agent::start(memwatch, &args)?;
+    time_workload(faultbench)?;
+    // The agent publishes program statistics every second.
+    thread::sleep(Duration::from_millis(1500));
+    let metrics = http_get(agent.port, "/metrics")?;
+    drop(agent);
+    let value = |metric: &str| -> f64 {
+        let prefix = format!("{metric}{{program=\"{program}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((
+        program.to_string(),
+        value("memwatch_probe_program_runs_total"),
+        value("memwatch_probe_program_run_seconds_total"),
+    ))
 }
 
 fn time_workload(bin: &std::path::Path) -> anyhow::Result<f64> {
@@ -104,7 +157,10 @@ fn median(samples: &mut [f64]) -> f64 {
 }
 
 /// `memwatch run` on a free loopback port, ready; stopped on drop.
-struct Agent(Child);
+struct Agent {
+    child: Child,
+    port: u16,
+}
 
 impl Agent {
     fn start(bin: &std::path::Path, extra: &[&str]) -> anyhow::Result<Agent> {
@@ -123,7 +179,7 @@ impl Agent {
             .stderr(Stdio::null())
             .spawn()
             .context("start memwatch run")?;
-        let agent = Agent(child);
+        let agent = Agent { child, port };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !ready(port) {
             if Instant::now() > deadline {
@@ -138,25 +194,25 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         // SAFETY: kill(2) to our own child; SIGTERM lets it drain and exit.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
     }
 }
 
-/// `GET /ready` answers 200 (a bare HTTP/1.0 request: xtask keeps no HTTP client).
+/// `GET /ready` answers 200.
 fn ready(port: u16) -> bool {
+    http_get(port, "/ready").is_ok_and(|answer| {
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200")
+    })
+}
+
+/// A bare HTTP/1.0 GET on loopback (xtask keeps no HTTP client): the whole answer.
+fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     use std::io::{Read as _, Write as _};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream
-        .write_all(b"GET /ready HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
     let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200")
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
 }
