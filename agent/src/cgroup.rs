@@ -353,15 +353,15 @@ impl Drop for OwnedCgroup {
     }
 }
 
-/// The kernel's OOM-kill count for a cgroup: v1 `memory.oom_control`
-/// `oom_kill N`, v2 `memory.events` `oom_kill N`.
+/// The kernel's OOM-kill count for a cgroup's own tasks (see
+/// [`crate::reconcile::oom_kills`]), whichever cgroup version it is on.
 pub fn oom_kill_count(cgroup: &Path) -> Option<u64> {
-    ["memory.oom_control", "memory.events"]
-        .iter()
-        .find_map(|file| {
-            let text = fs::read_to_string(cgroup.join(file)).ok()?;
-            crate::sampler::stat_value(&text, "oom_kill")
-        })
+    let version = if cgroup.join("memory.oom_control").exists() {
+        CgroupVersion::V1
+    } else {
+        CgroupVersion::V2
+    };
+    crate::reconcile::oom_kills(cgroup, version)
 }
 
 /// SIGKILLs whatever is in the cgroup until it is empty, then removes it.

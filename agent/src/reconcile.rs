@@ -55,7 +55,7 @@ pub fn read_oom_counts(hierarchy: &MemoryHierarchy) -> BTreeMap<String, u64> {
 
 /// `oom_kill N` of one cgroup: kills of its own tasks only (v2's
 /// `memory.events` also counts those of every descendant).
-fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
+pub fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
     let files: &[&str] = match version {
         CgroupVersion::V1 => &["memory.oom_control"],
         CgroupVersion::V2 => &["memory.events.local", "memory.events"],

@@ -157,6 +157,16 @@ async fn without_bpf_capabilities_run_names_the_missing_capability() {
     );
 }
 
+/// The `oom_kill` event of `pid`, or a panic with the agent's log (2 s).
+async fn oom_event_of(agent: &Agent, pid: u32) -> Event {
+    wait_for_event(agent, Duration::from_secs(2), |e| {
+        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
+    })
+    .await
+    .map(|(event, _)| event)
+    .unwrap_or_else(|| panic!("no oom_kill for {pid}; log:\n{}", agent.log_text()))
+}
+
 /// Runs `memhog 200` in `cgroup` and waits for it to die (bounded).
 fn oom_in(cgroup_line: String) -> (u32, std::process::ExitStatus) {
     let mut child = Command::new("sh")
@@ -192,11 +202,7 @@ async fn nested_oom_names_the_parent_whose_limit_was_hit() {
         workspace_bin("memhog").display()
     );
     let (pid, _) = oom_in(line);
-    let (event, _) = wait_for_event(&agent, Duration::from_secs(2), |e| {
-        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
-    })
-    .await
-    .unwrap_or_else(|| panic!("no oom_kill for {pid}; log:\n{}", agent.log_text()));
+    let event = oom_event_of(&agent, pid).await;
     assert_eq!(
         event.body.cgroup.as_deref(),
         child.path().to_str(),
@@ -225,11 +231,7 @@ async fn cgroup_removed_right_after_its_oom_still_resolves_to_its_path() {
         oom_in(cgroup.exec_line(&format!("{} 200 30", workspace_bin("memhog").display())));
     drop(cgroup); // rmdir at once
     assert!(!std::path::Path::new(&path).exists());
-    let (event, _) = wait_for_event(&agent, Duration::from_secs(2), |e| {
-        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
-    })
-    .await
-    .unwrap_or_else(|| panic!("no oom_kill for {pid}; log:\n{}", agent.log_text()));
+    let event = oom_event_of(&agent, pid).await;
     assert_eq!(
         event.body.cgroup.as_deref(),
         Some(path.as_str()),
