@@ -2,6 +2,7 @@
 //! Invalid configuration is rejected before anything touches the kernel,
 //! with the offending key named.
 
+mod schedulers;
 mod sinks;
 
 use std::{
@@ -13,6 +14,7 @@ use std::{
 
 use serde::Deserialize;
 
+pub use self::schedulers::{DaskConfig, DaskFile, RequeuePolicy, SlurmConfig, SlurmFile};
 pub use self::sinks::{Delivery, NatsConfig, NatsFile, Secret, WebhookConfig, WebhookFile};
 use crate::{
     shipper::outbox,
@@ -52,6 +54,10 @@ pub struct Config {
     pub webhooks: Vec<WebhookConfig>,
     /// NATS JetStream sinks (`[[nats]]`).
     pub nats: Vec<NatsConfig>,
+    /// Dask schedulers to retire unhealthy workers from (`[[dask]]`).
+    pub dask: Vec<DaskConfig>,
+    /// Slurm controllers to drain nodes and requeue jobs on (`[[slurm]]`).
+    pub slurm: Vec<SlurmConfig>,
     /// Kernel BTF used to resolve struct offsets.
     pub btf_path: PathBuf,
     /// `tracing` filter used when RUST_LOG is unset.
@@ -87,6 +93,8 @@ impl Default for Config {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             webhooks: Vec::new(),
             nats: Vec::new(),
+            dask: Vec::new(),
+            slurm: Vec::new(),
             btf_path: PathBuf::from(crate::probe::btf::VMLINUX_BTF),
             log_level: "info".into(),
             // A second: ten times faster than kubelet's eviction loop, cheap
@@ -117,6 +125,10 @@ pub struct FileConfig {
     pub webhook: Vec<WebhookFile>,
     #[serde(default)]
     pub nats: Vec<NatsFile>,
+    #[serde(default)]
+    pub dask: Vec<DaskFile>,
+    #[serde(default)]
+    pub slurm: Vec<SlurmFile>,
     pub sample_interval: Option<Span>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
@@ -227,6 +239,8 @@ impl Config {
             rule,
             webhook,
             nats,
+            dask,
+            slurm,
         } = file;
         if let Some(v) = state_dir {
             self.state_dir = v;
@@ -246,6 +260,16 @@ impl Config {
             .into_iter()
             .enumerate()
             .map(|(i, n)| n.resolve(i))
+            .collect::<Result<_, _>>()?;
+        self.dask = dask
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| d.resolve(i))
+            .collect::<Result<_, _>>()?;
+        self.slurm = slurm
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| d.resolve(i))
             .collect::<Result<_, _>>()?;
         set(&mut self.listen, listen);
         set(&mut self.node_name, node_name);
@@ -317,8 +341,11 @@ impl Config {
             return Err(invalid("heartbeat_interval", "must be at least 1s"));
         }
         let mut names = std::collections::BTreeSet::new();
-        let sink_names = self.webhooks.iter().map(|w| &w.name);
-        for name in sink_names.chain(self.nats.iter().map(|n| &n.name)) {
+        let sink_names = (self.webhooks.iter().map(|w| &w.name))
+            .chain(self.nats.iter().map(|n| &n.name))
+            .chain(self.dask.iter().map(|d| &d.name))
+            .chain(self.slurm.iter().map(|s| &s.name));
+        for name in sink_names {
             if name.is_empty() || !names.insert(name) {
                 return Err(invalid(
                     "name",
@@ -349,6 +376,19 @@ impl Config {
                 return Err(invalid(
                     "rule.worker",
                     format!("`{}` is not a declared [[worker]]", r.worker),
+                ));
+            }
+        }
+        for (i, s) in self.slurm.iter().enumerate() {
+            // With no [[worker]], the host is the one worker, named `host`.
+            if let Some(w) = s
+                .nodes
+                .keys()
+                .find(|w| !names.contains(w.as_str()) && !(names.is_empty() && *w == "host"))
+            {
+                return Err(invalid(
+                    format!("slurm[{i}].nodes.{w}"),
+                    "is not a declared [[worker]]",
                 ));
             }
         }
