@@ -384,7 +384,7 @@ impl Config {
             if let Some(w) = s
                 .nodes
                 .keys()
-                .find(|w| !names.contains(w.as_str()) && !(names.is_empty() && *w == "host"))
+                .find(|w| !(names.contains(w.as_str()) || names.is_empty() && *w == "host"))
             {
                 return Err(invalid(
                     format!("slurm[{i}].nodes.{w}"),

@@ -64,7 +64,11 @@ fn config(cluster: &DaskCluster, soft_cap: Option<u64>) -> String {
 }
 
 /// Polls until `done` or `timeout`; the time it took.
-async fn wait_until(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) -> Duration {
+async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut done: impl AsyncFnMut() -> bool,
+) -> Duration {
     let start = Instant::now();
     while !done().await {
         assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
@@ -73,7 +77,7 @@ async fn wait_until(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -
     start.elapsed()
 }
 
-fn of_kind<'a>(events: &'a [Event], kind: EventKind) -> Vec<&'a Event> {
+fn of_kind(events: &[Event], kind: EventKind) -> Vec<&Event> {
     events.iter().filter(|e| e.body.kind == kind).collect()
 }
 
@@ -83,7 +87,10 @@ async fn dask_unhealthy_worker_is_retired_and_work_fails_over() {
     let Some(python) = setup(TEST) else { return };
     let _serial = SERIAL.lock().await;
     let cluster = DaskCluster::start(python, &["w1", "w2"], &[None, None]).await;
-    let (a1, a2) = (cluster.workers[0].address.clone(), cluster.workers[1].address.clone());
+    let (a1, a2) = (
+        cluster.workers[0].address.clone(),
+        cluster.workers[1].address.clone(),
+    );
     let cap = cap_above_rest(&cluster);
     let leak = LEAK_MIB.to_string();
 
@@ -107,21 +114,28 @@ async fn dask_unhealthy_worker_is_retired_and_work_fails_over() {
     // With memwatch: the same leak gets w1 retired, and work goes to w2.
     let agent = Agent::start_with_config(&config(&cluster, Some(cap))).await;
     let _leak = cluster.client_background(&["leak", &a1, &leak]);
-    wait_until("the leak crosses the cap", Duration::from_secs(60), async || {
-        cluster.workers[0].cgroup.usage() > cap
-    })
+    wait_until(
+        "the leak crosses the cap",
+        Duration::from_secs(60),
+        async || cluster.workers[0].cgroup.usage() > cap,
+    )
     .await;
     let crossed = Instant::now();
     let retired = wait_until("w1 is retired", Duration::from_secs(60), async || {
         !cluster.listed().await.iter().any(|(_, a)| *a == a1)
     })
     .await;
-    println!("with memwatch: w1 retired {retired:?} after its leak crossed the soft cap (unhealthy_after = 3s)");
+    println!(
+        "with memwatch: w1 retired {retired:?} after its leak crossed the soft cap (unhealthy_after = 3s)"
+    );
     let events = agent.events(0).await;
     let unhealthy = of_kind(&events, EventKind::WorkerUnhealthy);
     assert_eq!(unhealthy.len(), 1, "{events:#?}");
     assert_eq!(unhealthy[0].body.worker.as_deref(), Some("w1"));
-    assert!(of_kind(&events, EventKind::GuardBlocked).is_empty(), "{events:#?}");
+    assert!(
+        of_kind(&events, EventKind::GuardBlocked).is_empty(),
+        "{events:#?}"
+    );
     assert!(crossed.elapsed() >= retired);
 
     let listed = cluster.listed().await;
@@ -155,7 +169,11 @@ async fn dask_guard_keeps_the_last_worker_when_both_leak() {
             e.body.kind == EventKind::GuardBlocked
         })
         .await;
-    let kept = blocked.body.worker.clone().expect("guard_blocked names the worker");
+    let kept = blocked
+        .body
+        .worker
+        .clone()
+        .expect("guard_blocked names the worker");
     let kept_at = cluster
         .workers
         .iter()
@@ -163,19 +181,33 @@ async fn dask_guard_keeps_the_last_worker_when_both_leak() {
         .expect("a test worker")
         .address
         .clone();
-    assert_eq!(blocked.body.scheduler_worker.as_deref(), Some(kept_at.as_str()));
+    assert_eq!(
+        blocked.body.scheduler_worker.as_deref(),
+        Some(kept_at.as_str())
+    );
     let reason = blocked.body.reason.clone().unwrap_or_default();
-    assert!(reason.contains("cluster guard") && reason.contains("leave 0 of"), "{reason}");
+    assert!(
+        reason.contains("cluster guard") && reason.contains("leave 0 of"),
+        "{reason}"
+    );
     println!("guard_blocked for {kept}: {reason}");
 
     // Heartbeats retry every 2 s: the guard keeps holding, the cluster keeps running.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let listed = cluster.listed().await;
-    assert_eq!(listed, [(kept.clone(), kept_at.clone())], "exactly one retired");
+    assert_eq!(
+        listed,
+        [(kept.clone(), kept_at.clone())],
+        "exactly one retired"
+    );
     let answer = cluster.client(&["compute"]);
     assert_eq!(answer["total"], SQUARES, "{answer}");
     let events = agent.events(0).await;
-    assert_eq!(of_kind(&events, EventKind::WorkerUnhealthy).len(), 2, "{events:#?}");
+    assert_eq!(
+        of_kind(&events, EventKind::WorkerUnhealthy).len(),
+        2,
+        "{events:#?}"
+    );
     assert_eq!(
         of_kind(&events, EventKind::GuardBlocked).len(),
         1,
@@ -204,7 +236,11 @@ async fn dask_oom_killed_worker_is_reported_with_its_address_and_the_job_complet
             e.body.kind == EventKind::OomKill && e.body.worker.as_deref() == Some("w1")
         })
         .await;
-    assert_eq!(kill.body.scheduler_worker.as_deref(), Some(a1.as_str()), "{kill:#?}");
+    assert_eq!(
+        kill.body.scheduler_worker.as_deref(),
+        Some(a1.as_str()),
+        "{kill:#?}"
+    );
     assert!(
         kill.body
             .cgroup
@@ -213,12 +249,11 @@ async fn dask_oom_killed_worker_is_reported_with_its_address_and_the_job_complet
         "{kill:#?}"
     );
     // The nanny brought w1 back (a new process, a new address).
-    let back = wait_until("the nanny restarts w1", Duration::from_secs(30), async || {
-        cluster
-            .address_of("w1")
-            .await
-            .is_some_and(|a| a != a1)
-    })
+    let back = wait_until(
+        "the nanny restarts w1",
+        Duration::from_secs(30),
+        async || cluster.address_of("w1").await.is_some_and(|a| a != a1),
+    )
     .await;
     println!(
         "OOM kill of {a1} reported as worker w1; the job completed {completed:?} after submission; w1 back (restarted by its nanny) {back:?} later"

@@ -73,10 +73,17 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
     });
     std::thread::sleep(Duration::from_secs(3));
     let job = cluster.job(baseline);
-    assert_eq!((job["JobState"].as_str(), job["Restarts"].as_str()), ("FAILED", "0"));
-    println!("without memwatch: a job killed on {} stays FAILED, not rerun", job["NodeList"]);
+    assert_eq!(
+        (job["JobState"].as_str(), job["Restarts"].as_str()),
+        ("FAILED", "0")
+    );
+    println!(
+        "without memwatch: a job killed on {} stays FAILED, not rerun",
+        job["NodeList"]
+    );
 
-    let agent = Agent::start_with_config(&sink_config(&cluster, "requeue = \"other_node\"\n")).await;
+    let agent =
+        Agent::start_with_config(&sink_config(&cluster, "requeue = \"other_node\"\n")).await;
     // n1 is the small node: the job's task gets 64 MiB there and needs 100.
     let script = cluster.dir.path().join("job.sh");
     fs::write(
@@ -97,20 +104,27 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
     let kill = agent
         .wait_for_event(Duration::from_secs(60), "oom_kill of the job's task", |e| {
             e.body.kind == EventKind::OomKill
-                && e.body.task_id.as_deref().is_some_and(|t| t.starts_with(&prefix))
+                && e.body
+                    .task_id
+                    .as_deref()
+                    .is_some_and(|t| t.starts_with(&prefix))
         })
         .await;
     let seen = Instant::now();
-    let took = wait_until("the requeued job completes", Duration::from_secs(60), || {
-        cluster.job(id)["JobState"] == "COMPLETED"
-    });
+    let took = wait_until(
+        "the requeued job completes",
+        Duration::from_secs(60),
+        || cluster.job(id)["JobState"] == "COMPLETED",
+    );
     let job = cluster.job(id);
     assert_eq!(job["NodeList"], "n2", "{job:?}");
     assert_eq!(job["ExcNodeList"], "n1", "{job:?}");
     assert_eq!(job["Restarts"], "1", "{job:?}");
     let output = fs::read_to_string(cluster.dir.path().join(format!("job-{id}.out"))).unwrap();
     assert!(output.contains("node n2"), "{output}");
-    let since_kill = (chrono::Utc::now() - kill.time).to_std().unwrap_or_default();
+    let since_kill = (chrono::Utc::now() - kill.time)
+        .to_std()
+        .unwrap_or_default();
     println!(
         "with memwatch: job {id} OOM-killed on n1 (pid {:?}), requeued and COMPLETED on n2 {took:?} after the oom_kill event was read ({since_kill:?} after the kill); Slurm alone: stays FAILED, and a plain requeue waits ~140 s (MACHINE-NOTES)",
         kill.body.pid
@@ -173,7 +187,10 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
         "sinfo -R:\n{reasons}"
     );
     assert_eq!(state_of(&cluster, "n2"), "idle");
-    println!("with memwatch: n1 drained {drained:?} after crossing its cap (unhealthy_after = 2s); sinfo -R: {}", reasons.trim());
+    println!(
+        "with memwatch: n1 drained {drained:?} after crossing its cap (unhealthy_after = 2s); sinfo -R: {}",
+        reasons.trim()
+    );
 
     drop(leftover);
     let resumed = wait_until("n1 is resumed", Duration::from_secs(30), || {
@@ -183,7 +200,9 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
     assert!(cluster.drain_reasons().trim().is_empty());
     let events = agent.events(0).await;
     let kinds: Vec<EventKind> = events.iter().map(|e| e.body.kind).collect();
-    assert!(kinds.contains(&EventKind::WorkerUnhealthy) && kinds.contains(&EventKind::WorkerRecovered));
+    assert!(
+        kinds.contains(&EventKind::WorkerUnhealthy) && kinds.contains(&EventKind::WorkerRecovered)
+    );
     let (_, metrics) = agent.get("/metrics").await;
     for action in ["drain", "resume"] {
         assert!(

@@ -126,7 +126,12 @@ impl DaskCluster {
         let port = free_port();
         let http_port = free_port();
         let scheduler = Command::new(&python)
-            .args(["-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"])
+            .args([
+                "-m",
+                "distributed.cli.dask_scheduler",
+                "--host",
+                "127.0.0.1",
+            ])
             .args(["--port", &port.to_string()])
             .args(["--dashboard-address", &format!("127.0.0.1:{http_port}")])
             .args(["--no-show"])
@@ -249,7 +254,9 @@ impl DaskCluster {
     /// Runs the client script with `args`; its JSON answer.
     pub fn client(&self, args: &[&str]) -> serde_json::Value {
         let mut cmd = Command::new(&self.python);
-        cmd.arg(&self.client_script).arg(self.scheduler()).args(args);
+        cmd.arg(&self.client_script)
+            .arg(self.scheduler())
+            .args(args);
         let out = run_bounded(&format!("dask client {args:?}"), &mut cmd, CLIENT_TIMEOUT);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(

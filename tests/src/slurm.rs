@@ -34,7 +34,10 @@ pub fn slurm_available(test: &str) -> bool {
     if present() {
         return true;
     }
-    if !root_or_skip(test, "to apt-get install slurmctld slurmd slurm-client munge") {
+    if !root_or_skip(
+        test,
+        "to apt-get install slurmctld slurmd slurm-client munge",
+    ) {
         return false;
     }
     let apt = |args: &[&str]| {
@@ -44,7 +47,10 @@ pub fn slurm_available(test: &str) -> bool {
             .status
             .success()
     };
-    let install: Vec<&str> = ["install", "-y", "-qq"].into_iter().chain(PACKAGES).collect();
+    let install: Vec<&str> = ["install", "-y", "-qq"]
+        .into_iter()
+        .chain(PACKAGES)
+        .collect();
     if !apt(&install) {
         // A fresh machine may have no package lists yet.
         assert!(apt(&["update", "-qq"]), "apt-get update");
@@ -93,7 +99,10 @@ impl SlurmCluster {
         );
         let deadline = Instant::now() + START_TIMEOUT;
         while !socket.exists() {
-            assert!(Instant::now() < deadline, "munged did not create its socket");
+            assert!(
+                Instant::now() < deadline,
+                "munged did not create its socket"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let host = hostname();
@@ -137,7 +146,14 @@ impl SlurmCluster {
         let ctld = spawn(Command::new("slurmctld").arg("-D").arg("-f").arg(&conf));
         let nodes = ["n1", "n2"]
             .iter()
-            .map(|n| spawn(Command::new("slurmd").args(["-D", "-N", n]).arg("-f").arg(&conf)))
+            .map(|n| {
+                spawn(
+                    Command::new("slurmd")
+                        .args(["-D", "-N", n])
+                        .arg("-f")
+                        .arg(&conf),
+                )
+            })
             .collect();
         let mut cluster = SlurmCluster {
             dir,

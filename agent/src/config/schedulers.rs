@@ -100,17 +100,17 @@ pub struct SlurmFile {
 impl DaskFile {
     pub fn resolve(self, index: usize) -> Result<DaskConfig, ConfigError> {
         let key = |k: &str| format!("dask[{index}].{k}");
-        let delivery = DeliveryFile {
-            batch_size: self.batch_size,
-            connect_timeout: self.connect_timeout,
-            timeout: Some(
-                self.timeout
-                    .unwrap_or_else(|| humantime::format_duration(DEFAULT_DASK_TIMEOUT).to_string()),
-            ),
-            retry_initial: self.retry_initial,
-            retry_max: self.retry_max,
-        }
-        .resolve(&key(""))?;
+        let delivery =
+            DeliveryFile {
+                batch_size: self.batch_size,
+                connect_timeout: self.connect_timeout,
+                timeout: Some(self.timeout.unwrap_or_else(|| {
+                    humantime::format_duration(DEFAULT_DASK_TIMEOUT).to_string()
+                })),
+                retry_initial: self.retry_initial,
+                retry_max: self.retry_max,
+            }
+            .resolve(&key(""))?;
         let min_fraction = self.min_fraction.unwrap_or(DEFAULT_DASK_MIN_FRACTION);
         if !(0.0..=1.0).contains(&min_fraction) {
             return Err(invalid(
@@ -139,18 +139,17 @@ impl DaskFile {
 impl SlurmFile {
     pub fn resolve(self, index: usize) -> Result<SlurmConfig, ConfigError> {
         let key = |k: &str| format!("slurm[{index}].{k}");
-        let delivery = DeliveryFile {
-            batch_size: self.batch_size,
-            connect_timeout: None,
-            timeout: Some(
-                self.timeout.unwrap_or_else(|| {
+        let delivery =
+            DeliveryFile {
+                batch_size: self.batch_size,
+                connect_timeout: None,
+                timeout: Some(self.timeout.unwrap_or_else(|| {
                     humantime::format_duration(DEFAULT_SLURM_TIMEOUT).to_string()
-                }),
-            ),
-            retry_initial: self.retry_initial,
-            retry_max: self.retry_max,
-        }
-        .resolve(&key(""))?;
+                })),
+                retry_initial: self.retry_initial,
+                retry_max: self.retry_max,
+            }
+            .resolve(&key(""))?;
         let scontrol = self.scontrol.unwrap_or_else(|| PathBuf::from("scontrol"));
         if scontrol.as_os_str().is_empty() {
             return Err(invalid(key("scontrol"), "must not be empty"));

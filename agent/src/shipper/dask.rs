@@ -124,15 +124,15 @@ impl DaskSink {
                 format!("get_workers answered {status}"),
             ));
         }
-        let answer: GetWorkers = response.json().await.map_err(|e| {
-            SendError::new(FailureClass::Other, format!("get_workers answer: {e}"))
-        })?;
+        let answer: GetWorkers = response
+            .json()
+            .await
+            .map_err(|e| SendError::new(FailureClass::Other, format!("get_workers answer: {e}")))?;
         let specs = Arc::clone(&self.specs);
-        let mapped = tokio::task::spawn_blocking(move || {
-            dask_map::map_workers(&specs, &answer.workers)
-        })
-        .await
-        .map_err(|e| SendError::new(FailureClass::Other, format!("worker map: {e}")))?;
+        let mapped =
+            tokio::task::spawn_blocking(move || dask_map::map_workers(&specs, &answer.workers))
+                .await
+                .map_err(|e| SendError::new(FailureClass::Other, format!("worker map: {e}")))?;
         self.names.update(&mapped);
         Ok(mapped)
     }
@@ -273,8 +273,7 @@ pub async fn refresh_names(
             let response = client.get(url.clone()).send().await?.error_for_status()?;
             response.json::<GetWorkers>().await
         };
-        match tokio::time::timeout(config.delivery.timeout + Duration::from_secs(1), answer).await
-        {
+        match tokio::time::timeout(config.delivery.timeout + Duration::from_secs(1), answer).await {
             Ok(Ok(answer)) => {
                 let specs = Arc::clone(&specs);
                 if let Ok(mapped) = tokio::task::spawn_blocking(move || {

@@ -78,7 +78,12 @@ impl SchedulerNames {
 
 /// The port of a Dask address such as `tcp://127.0.0.1:40123`.
 fn port(address: &str) -> Option<u16> {
-    address.rsplit(':').next()?.trim_end_matches('/').parse().ok()
+    address
+        .rsplit(':')
+        .next()?
+        .trim_end_matches('/')
+        .parse()
+        .ok()
 }
 
 /// Maps each Dask worker to a memwatch worker (the rule in the module docs).
@@ -102,7 +107,10 @@ pub fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapped> {
                     serde_json::Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                specs.iter().find(|s| s.name == name).map(|s| s.name.clone())
+                specs
+                    .iter()
+                    .find(|s| s.name == name)
+                    .map(|s| s.name.clone())
             };
             let host = || {
                 (specs.len() == 1 && specs[0].source == MemorySource::Host)

@@ -32,8 +32,8 @@ impl Guard {
     /// retirement and retirements still under way would take away.
     pub fn check(&self, listed: usize, leaving: usize) -> Result<(), Blocked> {
         let remaining = listed.saturating_sub(leaving);
-        let blocked = remaining < self.min_workers
-            || (remaining as f64) < self.min_fraction * listed as f64;
+        let blocked =
+            remaining < self.min_workers || (remaining as f64) < self.min_fraction * listed as f64;
         if blocked {
             return Err(Blocked {
                 remaining,
@@ -62,7 +62,10 @@ mod tests {
         assert!(e.to_string().contains("leave 0 of 1 workers"), "{e}");
         // A retirement under way counts as leaving.
         assert!(g.check(2, 2).is_err());
-        assert!(g.check(0, 0).is_err(), "an empty cluster has nothing to spare");
+        assert!(
+            g.check(0, 0).is_err(),
+            "an empty cluster has nothing to spare"
+        );
     }
 
     #[test]

@@ -54,7 +54,11 @@ const TRANSIENT: [&str; 6] = [
 ];
 
 /// Runs `program args...`, killed after `timeout`; its stdout on success.
-pub async fn run(program: &Path, args: &[String], timeout: Duration) -> Result<String, ScontrolError> {
+pub async fn run(
+    program: &Path,
+    args: &[String],
+    timeout: Duration,
+) -> Result<String, ScontrolError> {
     let shown = args.join(" ");
     let child = Command::new(program)
         .args(args)
@@ -110,7 +114,9 @@ pub fn fields(line: &str) -> BTreeMap<String, String> {
     let mut key: Option<String> = None;
     for word in line.split_whitespace() {
         match word.split_once('=') {
-            Some((k, v)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == ':') => {
+            Some((k, v))
+                if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == ':') =>
+            {
                 map.insert(k.to_string(), v.to_string());
                 key = Some(k.to_string());
             }
@@ -147,21 +153,37 @@ mod tests {
     async fn failures_are_classified() {
         let sh = Path::new("/bin/sh");
         let args = |s: &str| vec!["-c".to_string(), s.to_string()];
-        let out = run(sh, &args("echo ok"), Duration::from_secs(5)).await.unwrap();
+        let out = run(sh, &args("echo ok"), Duration::from_secs(5))
+            .await
+            .unwrap();
         assert_eq!(out, "ok\n");
-        let e = run(sh, &args("echo 'Unable to contact slurm controller' >&2; exit 1"), Duration::from_secs(5))
-            .await
-            .unwrap_err();
+        let e = run(
+            sh,
+            &args("echo 'Unable to contact slurm controller' >&2; exit 1"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
         assert!(e.transient() && e.class() == FailureClass::Connect, "{e}");
-        let e = run(sh, &args("echo 'Invalid job id specified' >&2; exit 1"), Duration::from_secs(5))
-            .await
-            .unwrap_err();
+        let e = run(
+            sh,
+            &args("echo 'Invalid job id specified' >&2; exit 1"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
         assert!(!e.transient() && e.class() == FailureClass::Status, "{e}");
-        let e = run(sh, &args("sleep 5"), Duration::from_millis(100)).await.unwrap_err();
-        assert!(e.transient() && e.class() == FailureClass::Timeout, "{e}");
-        let e = run(Path::new("/nonexistent/scontrol"), &[], Duration::from_secs(1))
+        let e = run(sh, &args("sleep 5"), Duration::from_millis(100))
             .await
             .unwrap_err();
+        assert!(e.transient() && e.class() == FailureClass::Timeout, "{e}");
+        let e = run(
+            Path::new("/nonexistent/scontrol"),
+            &[],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.class(), FailureClass::Other);
     }
 }

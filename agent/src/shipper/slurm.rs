@@ -125,7 +125,9 @@ impl SlurmSink {
     async fn handle(&mut self, event: &Event) -> Result<(), ScontrolError> {
         let worker = event.body.worker.as_deref();
         match (event.body.kind, worker) {
-            (EventKind::WorkerUnhealthy, Some(w)) if self.config.drain => self.drain(w, event).await,
+            (EventKind::WorkerUnhealthy, Some(w)) if self.config.drain => {
+                self.drain(w, event).await
+            }
             (EventKind::WorkerRecovered, Some(w)) if self.config.drain => self.resume(w).await,
             (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
                 match job_id(event) {

@@ -154,8 +154,12 @@ fn job_ids_come_from_cgroups_or_exec_task_ids() {
         b.cgroup = Some("/sys/fs/cgroup/memory/slurm/uid_0/job_17/step_batch".into());
     });
     assert_eq!(job_id(&e), Some(17));
-    let e = fx.event(EventKind::OomKill, "w", |b| b.task_id = Some("slurm-9-1-2".into()));
+    let e = fx.event(EventKind::OomKill, "w", |b| {
+        b.task_id = Some("slurm-9-1-2".into())
+    });
     assert_eq!(job_id(&e), Some(9));
-    let e = fx.event(EventKind::OomKill, "w", |b| b.task_id = Some("exec-9-1".into()));
+    let e = fx.event(EventKind::OomKill, "w", |b| {
+        b.task_id = Some("exec-9-1".into())
+    });
     assert_eq!(job_id(&e), None);
 }
