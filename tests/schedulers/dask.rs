@@ -140,6 +140,11 @@ async fn dask_unhealthy_worker_is_retired_and_work_fails_over() {
 
     let listed = cluster.listed().await;
     assert_eq!(listed, [("w2".to_string(), a2.clone())], "only w2 is left");
+    // Pull model: polling /health gives the same verdicts as the events.
+    let (code, health) = agent.get("/health?worker=w1").await;
+    assert_eq!(code, 503, "{health}");
+    assert!(health.contains("unmanaged memory"), "{health}");
+    assert_eq!(agent.get("/health?worker=w2").await.0, 200);
     let answer = cluster.client(&["compute"]);
     assert_eq!(answer["total"], SQUARES, "{answer}");
     assert_eq!(answer["workers"], serde_json::json!([a2]), "{answer}");

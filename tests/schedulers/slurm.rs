@@ -126,10 +126,19 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
         .to_std()
         .unwrap_or_default();
     println!(
-        "with memwatch: job {id} OOM-killed on n1 (pid {:?}), requeued and COMPLETED on n2 {took:?} after the oom_kill event was read ({since_kill:?} after the kill); Slurm alone: stays FAILED, and a plain requeue waits ~140 s (MACHINE-NOTES)",
-        kill.body.pid
+        "with memwatch: job {id} OOM-killed on n1 (pid {:?}, at {}), requeued and COMPLETED on n2 {took:?} after the oom_kill event was read ({since_kill:?} after the kill); Slurm alone: stays FAILED, and a plain requeue waits ~140 s (MACHINE-NOTES)",
+        kill.body.pid,
+        kill.time.format("%H:%M:%S%.3f")
     );
     assert!(seen.elapsed() >= took);
+    // Why it took that long: the sink's retries, as the agent logged them.
+    for line in agent
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("will retry") || l.contains("refused") || l.contains("requeued"))
+    {
+        println!("agent: {line}");
+    }
     let (_, metrics) = agent.get("/metrics").await;
     assert!(
         metrics.contains("memwatch_scheduler_actions_total{action=\"requeue\",sink=\"slurm-1\"} 1"),
@@ -187,6 +196,10 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
         "sinfo -R:\n{reasons}"
     );
     assert_eq!(state_of(&cluster, "n2"), "idle");
+    // Pull model: a health check polling the agent gets the same verdict.
+    let (code, health) = agent.get("/health?worker=n1w").await;
+    assert_eq!(code, 503, "{health}");
+    assert!(health.contains("unmanaged memory"), "{health}");
     println!(
         "with memwatch: n1 drained {drained:?} after crossing its cap (unhealthy_after = 2s); sinfo -R: {}",
         reasons.trim()
@@ -198,6 +211,8 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
     });
     println!("n1 resumed {resumed:?} after the memory was freed (recover_after = 2s)");
     assert!(cluster.drain_reasons().trim().is_empty());
+    let (code, health) = agent.get("/health?worker=n1w").await;
+    assert_eq!(code, 200, "{health}");
     let events = agent.events(0).await;
     let kinds: Vec<EventKind> = events.iter().map(|e| e.body.kind).collect();
     assert!(

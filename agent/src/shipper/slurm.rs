@@ -43,6 +43,8 @@ use crate::{
 
 /// Slurm keeps reasons short in its listings.
 const MAX_REASON: usize = 200;
+/// How often a requeued job is checked until it is pending again.
+const PENDING_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// Prefix of every reason memwatch sets: how it knows a drain is its own.
 pub const REASON_PREFIX: &str = "memwatch:";
 
@@ -235,6 +237,13 @@ impl SlurmSink {
         };
         self.scontrol(&["requeue".into(), job.to_string()]).await?;
         self.state.requeues.insert(job, done + 1);
+        // A running job is requeued once Slurm has finished killing it:
+        // updates before it is pending again are refused.
+        if !self.wait_pending(job).await? {
+            info!(sink = %self.config.name, job, "requeued job left pending on its own; not updated");
+            self.count("requeue");
+            return Ok(());
+        }
         if let Some(node) = &node {
             self.scontrol(&[
                 "update".into(),
@@ -252,6 +261,32 @@ impl SlurmSink {
         info!(sink = %self.config.name, job, excluded = node.as_deref().unwrap_or("-"), "OOM-killed job requeued");
         self.count("requeue");
         Ok(())
+    }
+}
+
+impl SlurmSink {
+    /// Waits (bounded by the sink's `timeout`) until `job` is pending;
+    /// `false` when it started or ended first.
+    async fn wait_pending(&self, job: u64) -> Result<bool, ScontrolError> {
+        let deadline = tokio::time::Instant::now() + self.config.delivery.timeout;
+        loop {
+            let out = self
+                .scontrol(&["show".into(), "job".into(), job.to_string(), "-o".into()])
+                .await?;
+            let fields = scontrol::fields(out.lines().next().unwrap_or(""));
+            match fields.get("JobState").map(String::as_str) {
+                Some("PENDING") => return Ok(true),
+                Some("RUNNING" | "COMPLETED" | "CANCELLED") => return Ok(false),
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ScontrolError::Timeout {
+                    args: format!("show job {job} (waiting for it to be pending)"),
+                    timeout: self.config.delivery.timeout,
+                });
+            }
+            tokio::time::sleep(PENDING_POLL).await;
+        }
     }
 }
 

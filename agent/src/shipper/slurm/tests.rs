@@ -14,7 +14,10 @@ case "$1 $2" in
     if [ "$3" = n2 ]; then echo "NodeName=n2 State=IDLE+DRAIN Reason=maintenance [root@x]"
     elif [ -f "$dir/drained-$3" ]; then echo "NodeName=$3 State=IDLE+DRAIN Reason=$(cat "$dir/drained-$3")"
     else echo "NodeName=$3 State=IDLE"; fi; exit 0;;
-"show job") echo "JobId=$3 JobState=RUNNING BatchHost=n1 NodeList=n1"; exit 0;;
+"show job")
+    if [ -f "$dir/requeued-$3" ]; then echo "JobId=$3 JobState=PENDING BatchHost=n1"
+    else echo "JobId=$3 JobState=RUNNING BatchHost=n1 NodeList=n1"; fi; exit 0;;
+"requeue "*) touch "$dir/requeued-$2"; exit 0;;
 esac
 node=""
 for a in "$@"; do
@@ -140,6 +143,7 @@ async fn an_oom_killed_job_is_requeued_elsewhere_at_once_up_to_the_limit() {
         [
             "show job 42 -o",
             "requeue 42",
+            "show job 42 -o",
             "update JobId=42 ExcNodeList=n1",
             "update JobId=42 StartTime=now",
         ],
