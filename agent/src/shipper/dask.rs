@@ -289,3 +289,6 @@ pub async fn refresh_names(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
