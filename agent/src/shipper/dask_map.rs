@@ -1,17 +1,20 @@
 //! Which Dask worker is which memwatch worker.
 //!
-//! The rule: a Dask worker belongs to the memwatch worker whose processes
-//! own the socket listening on the Dask worker's port: a process in the
-//! worker's cgroup (or a child cgroup of it), the configured `pid` or a
-//! descendant, or a process whose command line matches `process` or a
-//! descendant. A Dask worker whose listening socket is not on this host
-//! (or not found) belongs to the memwatch worker with the same name as the
-//! Dask worker's `name` (`dask worker --name`), if there is one; else to
-//! none. The whole host (no `[[worker]]`) owns every Dask worker on it.
+//! The rule: a Dask worker whose address is on this host belongs to the
+//! memwatch worker whose processes own the socket listening on that
+//! address: a process in the worker's cgroup (or a child cgroup of it), the
+//! configured `pid` or a descendant, or a process whose command line
+//! matches `process` or a descendant. The whole host (no `[[worker]]`) owns
+//! every Dask worker listening on it. A Dask worker matched by none of
+//! these belongs to the memwatch worker named like the Dask worker's `name`
+//! (`dask worker --name`, unique in a cluster), if there is one; else to
+//! none. A port alone never matches: a worker on another host with the
+//! same port is not ours.
 
 use std::{
     collections::{HashMap, HashSet},
     fs, io,
+    net::{IpAddr, ToSocketAddrs as _, UdpSocket},
     path::Path,
     sync::{Arc, Mutex},
 };
@@ -76,29 +79,39 @@ impl SchedulerNames {
     }
 }
 
-/// The port of a Dask address such as `tcp://127.0.0.1:40123`.
-fn port(address: &str) -> Option<u16> {
-    address
-        .rsplit(':')
-        .next()?
-        .trim_end_matches('/')
-        .parse()
-        .ok()
+/// The IP and port of a Dask address such as `tcp://127.0.0.1:40123` or
+/// `tls://[::1]:8786` (a host name is resolved), when that IP is one of
+/// this host's: a worker elsewhere is never matched by its port alone.
+fn local_endpoint(address: &str) -> Option<(IpAddr, u16)> {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
+    let rest = rest.trim_end_matches('/');
+    let addr = rest.to_socket_addrs().ok()?.next()?;
+    // Binding works only to an address this host has.
+    let local = addr.ip().is_loopback() || UdpSocket::bind((addr.ip(), 0)).is_ok();
+    local.then_some((addr.ip(), addr.port()))
 }
 
 /// Maps each Dask worker to a memwatch worker (the rule in the module docs).
 /// Reads /proc: call it off the async runtime.
 pub fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapped> {
     let listening = listening_sockets().unwrap_or_default();
+    let socket_of = |address: &str| {
+        let (ip, port) = local_endpoint(address)?;
+        listening
+            .get(&port)?
+            .iter()
+            .find(|(bound, _)| bound.is_unspecified() || *bound == ip)
+            .map(|(_, inode)| *inode)
+    };
     let members: Vec<(&WorkerSpec, HashSet<u32>)> =
         specs.iter().map(|s| (s, member_pids(&s.source))).collect();
     dask.iter()
         .map(|d| {
-            let inode = port(&d.address).and_then(|p| listening.get(&p));
+            let inode = socket_of(&d.address);
             let owner = inode.and_then(|inode| {
                 members.iter().find_map(|(spec, pids)| {
                     pids.iter()
-                        .find(|pid| owns_socket(**pid, *inode))
+                        .find(|pid| owns_socket(**pid, inode))
                         .map(|pid| (spec.name.clone(), *pid))
                 })
             });
@@ -113,13 +126,13 @@ pub fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapped> {
                     .map(|s| s.name.clone())
             };
             let host = || {
-                (specs.len() == 1 && specs[0].source == MemorySource::Host)
+                (inode.is_some() && specs.len() == 1 && specs[0].source == MemorySource::Host)
                     .then(|| specs[0].name.clone())
             };
             let pid = owner
                 .as_ref()
                 .map(|(_, pid)| *pid)
-                .or_else(|| inode.and_then(|i| socket_owner(*i)));
+                .or_else(|| inode.and_then(socket_owner));
             Mapped {
                 address: d.address.clone(),
                 worker: owner.map(|(name, _)| name).or_else(by_name).or_else(host),
@@ -129,14 +142,16 @@ pub fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapped> {
         .collect()
 }
 
-/// Listening TCP ports on this host → socket inode.
-fn listening_sockets() -> io::Result<HashMap<u16, u64>> {
-    let mut map = HashMap::new();
+/// Listening TCP ports on this host → the addresses bound and socket inodes.
+fn listening_sockets() -> io::Result<HashMap<u16, Vec<(IpAddr, u64)>>> {
+    let mut map: HashMap<u16, Vec<(IpAddr, u64)>> = HashMap::new();
     let v4 = procfs::net::tcp().map_err(io::Error::other)?;
     let v6 = procfs::net::tcp6().unwrap_or_default();
     for entry in v4.into_iter().chain(v6) {
         if entry.state == procfs::net::TcpState::Listen {
-            map.insert(entry.local_address.port(), entry.inode);
+            map.entry(entry.local_address.port())
+                .or_default()
+                .push((entry.local_address.ip(), entry.inode));
         }
     }
     Ok(map)
@@ -260,6 +275,11 @@ mod tests {
                 address: format!("tcp://127.0.0.1:{port}"),
                 name: serde_json::json!("tcp://ignored"),
             },
+            // Same port, another host: not ours, whatever listens here.
+            DaskWorker {
+                address: format!("tcp://192.0.2.7:{port}"),
+                name: serde_json::json!("w9"),
+            },
             DaskWorker {
                 address: "tcp://127.0.0.1:1".into(),
                 name: serde_json::json!("other"),
@@ -272,8 +292,9 @@ mod tests {
         let mapped = map_workers(&specs, &dask);
         assert_eq!(mapped[0].worker.as_deref(), Some("mine"));
         assert_eq!(mapped[0].pid, Some(me));
-        assert_eq!(mapped[1].worker.as_deref(), Some("other"), "by name");
-        assert_eq!(mapped[2].worker, None);
+        assert_eq!((mapped[1].worker.as_deref(), mapped[1].pid), (None, None));
+        assert_eq!(mapped[2].worker.as_deref(), Some("other"), "by name");
+        assert_eq!(mapped[3].worker, None);
 
         let names = SchedulerNames::default();
         names.update(&mapped);
@@ -281,9 +302,18 @@ mod tests {
     }
 
     #[test]
-    fn ports_of_dask_addresses() {
-        assert_eq!(port("tcp://127.0.0.1:40123"), Some(40123));
-        assert_eq!(port("tls://[::1]:8786"), Some(8786));
-        assert_eq!(port("inproc://x"), None);
+    fn local_endpoints_of_dask_addresses() {
+        let lo = IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(local_endpoint("tcp://127.0.0.1:40123"), Some((lo, 40123)));
+        assert_eq!(
+            local_endpoint("tls://[::1]:8786"),
+            Some((IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 8786))
+        );
+        assert_eq!(
+            local_endpoint("tcp://192.0.2.7:8786"),
+            None,
+            "TEST-NET-1 is not ours"
+        );
+        assert_eq!(local_endpoint("inproc://x"), None);
     }
 }
