@@ -34,14 +34,20 @@ use crate::{
     reconcile,
     sampler::SystemReader,
     shipper::{
+        dask::{self, DaskSink},
+        dask_map::SchedulerNames,
         delivery,
         nats::NatsSink,
         outbox::{self, Outbox},
+        slurm::SlurmSink,
         webhook::WebhookSink,
     },
     status,
     telemetry::Metrics,
-    watchdog::self_health::ProbeState,
+    watchdog::{
+        self_health::ProbeState,
+        spec::{MemorySource, WorkerSpec},
+    },
 };
 
 /// How often the kernel-side counters are read into metrics and health,
@@ -135,6 +141,65 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             shipping_stopped.clone(),
         )));
     }
+    let names = SchedulerNames::default();
+    // With no [[worker]], the whole host is the one worker (see the watchdog).
+    let specs: Arc<[WorkerSpec]> = if config.workers.is_empty() {
+        vec![WorkerSpec {
+            name: crate::watchdog::policy::HOST_WORKER.into(),
+            source: MemorySource::Host,
+            soft_cap: None,
+            unhealthy_after: crate::config::DEFAULT_UNHEALTHY_AFTER,
+            recover_after: crate::config::DEFAULT_RECOVER_AFTER,
+        }]
+        .into()
+    } else {
+        config.workers.clone().into()
+    };
+    for d in &config.dask {
+        info!(sink = %d.name, url = %d.url, min_workers = d.min_workers, min_fraction = d.min_fraction, "Dask sink");
+        let sink = DaskSink::new(
+            d.clone(),
+            Arc::clone(&specs),
+            outbox.clone(),
+            metrics.clone(),
+            names.clone(),
+        )
+        .with_context(|| format!("Dask sink {}", d.name))?;
+        shippers.push(tokio::spawn(delivery::run(
+            sink,
+            outbox.clone(),
+            metrics.clone(),
+            shipping_stopped.clone(),
+        )));
+        shippers.push(tokio::spawn(dask::refresh_names(
+            d.clone(),
+            Arc::clone(&specs),
+            names.clone(),
+            shipping_stopped.clone(),
+        )));
+    }
+    for s in &config.slurm {
+        info!(sink = %s.name, scontrol = %s.scontrol.display(), drain = s.drain, requeue = ?s.requeue, "Slurm sink");
+        let sink = SlurmSink::open(
+            s.clone(),
+            config.node_name.clone(),
+            &config.state_dir,
+            metrics.clone(),
+        )
+        .with_context(|| {
+            format!(
+                "Slurm sink {}: state in {} is unusable",
+                s.name,
+                config.state_dir.display()
+            )
+        })?;
+        shippers.push(tokio::spawn(delivery::run(
+            sink,
+            outbox.clone(),
+            metrics.clone(),
+            shipping_stopped.clone(),
+        )));
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen / `listen`)", config.listen))?;
@@ -187,6 +252,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             monitor: monitor.clone(),
             outbox: outbox.clone(),
             metrics: metrics.clone(),
+            names,
         }
         .run(rx),
     );

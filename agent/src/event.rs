@@ -16,10 +16,13 @@ pub enum EventKind {
     WorkerUnhealthy,
     WorkerRecovered,
     Heartbeat,
+    /// A scheduler sink did not act on an unhealthy worker because the
+    /// cluster guard forbade it (too few workers would remain).
+    GuardBlocked,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 10] = [
         Self::AgentStarted,
         Self::TaskStarted,
         Self::TaskRejected,
@@ -29,6 +32,7 @@ impl EventKind {
         Self::WorkerUnhealthy,
         Self::WorkerRecovered,
         Self::Heartbeat,
+        Self::GuardBlocked,
     ];
 
     /// How much the kind matters when the outbox is full: lower is dropped
@@ -36,7 +40,9 @@ impl EventKind {
     pub fn priority(self) -> Priority {
         match self {
             Self::Heartbeat => Priority::Heartbeat,
-            Self::OomKill | Self::WorkerUnhealthy | Self::TaskRejected => Priority::Critical,
+            Self::OomKill | Self::WorkerUnhealthy | Self::TaskRejected | Self::GuardBlocked => {
+                Priority::Critical
+            }
             Self::AgentStarted
             | Self::TaskStarted
             | Self::TaskFinished
@@ -57,6 +63,7 @@ impl EventKind {
             Self::WorkerUnhealthy => "worker_unhealthy",
             Self::WorkerRecovered => "worker_recovered",
             Self::Heartbeat => "heartbeat",
+            Self::GuardBlocked => "guard_blocked",
         }
     }
 }
@@ -129,6 +136,10 @@ pub struct EventBody {
     pub limit_cgroup: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The scheduler's own name for the worker (a Dask worker address),
+    /// when a scheduler sink knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_worker: Option<String>,
     /// `soft_cap_exceeded`: how fast memory grew just before the crossing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub growth_bytes_per_sec: Option<i64>,
@@ -170,6 +181,7 @@ impl EventBody {
             constraint: None,
             limit_cgroup: None,
             reason: None,
+            scheduler_worker: None,
             growth_bytes_per_sec: None,
             oom: None,
             state: None,

@@ -185,12 +185,20 @@ fn cgroup_name(task_id: &str) -> String {
     format!("task-{name}")
 }
 
+/// `exec-<pid>-<millis>`; inside a Slurm job `slurm-<job id>-<pid>-<millis>`,
+/// so a Slurm sink can requeue the job when the task is OOM-killed.
 fn default_task_id() -> String {
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    format!("exec-{}-{millis}", std::process::id())
+    let job = std::env::var("SLURM_JOB_ID")
+        .ok()
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+    match job {
+        Some(job) => format!("slurm-{job}-{}-{millis}", std::process::id()),
+        None => format!("exec-{}-{millis}", std::process::id()),
+    }
 }
 
 fn fail(code: u8, error: anyhow::Error) -> u8 {

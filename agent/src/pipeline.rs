@@ -10,7 +10,7 @@ use crate::{
     event::{EventBody, EventKind, OomDetails},
     monitor::Monitor,
     probe::{OomCount, OomVictim, ProbeEvent},
-    shipper::outbox::Outbox,
+    shipper::{dask_map::SchedulerNames, outbox::Outbox},
     telemetry::Metrics,
 };
 
@@ -24,6 +24,8 @@ pub struct Pipeline {
     pub monitor: Arc<Monitor>,
     pub outbox: Outbox,
     pub metrics: Metrics,
+    /// Scheduler names of processes (Dask addresses), for `oom_kill` events.
+    pub names: SchedulerNames,
 }
 
 impl Pipeline {
@@ -46,6 +48,7 @@ impl Pipeline {
                     .attribute_oom(body.cgroup.as_deref().map(Path::new), victim.pid);
                 body.task_id = task_id;
                 body.worker = worker;
+                body.scheduler_worker = self.names.get(victim.pid);
                 self.metrics.oom_kills.inc();
                 self.metrics.count_event(&body);
                 let event = self.outbox.append(body, Some(victim.time));
@@ -187,6 +190,7 @@ mod tests {
             monitor: Arc::new(monitor),
             outbox,
             metrics,
+            names: SchedulerNames::default(),
         }
     }
 

@@ -41,6 +41,7 @@ pub const SINK_DELIVERED_TOTAL: &str = "memwatch_sink_delivered_total";
 pub const SINK_RETRIES_TOTAL: &str = "memwatch_sink_retries_total";
 pub const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
 pub const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
+pub const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_total";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
 pub fn init_logging(default_level: &str) {
@@ -100,6 +101,9 @@ pub struct Metrics {
     pub sink_failures: IntCounterVec,
     /// Events a sink has not acknowledged yet, by sink name.
     pub sink_backlog: IntGaugeVec,
+    /// What scheduler sinks did (`retire`, `drain`, `resume`, `requeue`,
+    /// `guard_blocked`), by sink name.
+    pub scheduler_actions: IntCounterVec,
 }
 
 impl Metrics {
@@ -130,6 +134,7 @@ impl Metrics {
             Box::new(self.sink_retries.clone()),
             Box::new(self.sink_failures.clone()),
             Box::new(self.sink_backlog.clone()),
+            Box::new(self.scheduler_actions.clone()),
         ]
     }
 
@@ -263,6 +268,13 @@ impl Metrics {
             sink_backlog: IntGaugeVec::new(
                 Opts::new(SINK_BACKLOG, "Events a sink has not acknowledged yet."),
                 &["sink"],
+            )?,
+            scheduler_actions: IntCounterVec::new(
+                Opts::new(
+                    SCHEDULER_ACTIONS_TOTAL,
+                    "Actions scheduler sinks took (or were refused by the guard).",
+                ),
+                &["sink", "action"],
             )?,
         };
         for collector in metrics.collectors() {

@@ -4,7 +4,10 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod dask;
 pub mod nats;
+pub mod process;
+pub mod slurm;
 pub mod tmpfs;
 
 use std::path::PathBuf;
@@ -19,7 +22,7 @@ pub fn kernel_tests_enabled(test: &str) -> bool {
     if root {
         return true;
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+    if in_ci() {
         panic!("{test}: CI must run the kernel tests as root (euid is not 0)");
     }
     eprintln!("skipped {test}: needs root for BPF and cgroups (run `cargo xtask test` as root)");
@@ -41,4 +44,9 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// `CI=true` (or `1`): tests must run, never skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }

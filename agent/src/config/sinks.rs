@@ -90,7 +90,7 @@ pub struct NatsConfig {
 /// Keys shared by every sink table (serde's `flatten` would lose
 /// `deny_unknown_fields`, so each table repeats them).
 #[derive(Debug, Default)]
-struct DeliveryFile {
+pub(super) struct DeliveryFile {
     pub batch_size: Option<usize>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
@@ -186,7 +186,7 @@ impl NatsFile {
 
 impl DeliveryFile {
     /// `prefix` is e.g. `webhook[0].`, to name the key in errors.
-    fn resolve(self, prefix: &str) -> Result<Delivery, ConfigError> {
+    pub(super) fn resolve(self, prefix: &str) -> Result<Delivery, ConfigError> {
         let d = Delivery::default();
         let dur = |name: &str, v: Option<String>, default| -> Result<Duration, ConfigError> {
             match v {
@@ -226,11 +226,11 @@ impl DeliveryFile {
     }
 }
 
-fn default_name(kind: &str, index: usize) -> String {
+pub(super) fn default_name(kind: &str, index: usize) -> String {
     format!("{kind}-{}", index + 1)
 }
 
-fn parse_url(key: &str, text: &str) -> Result<reqwest::Url, ConfigError> {
+pub(super) fn parse_url(key: &str, text: &str) -> Result<reqwest::Url, ConfigError> {
     let url = reqwest::Url::parse(text).map_err(|e| {
         invalid(
             key.to_string(),

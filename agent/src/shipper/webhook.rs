@@ -80,7 +80,7 @@ impl Sink for WebhookSink {
     }
 }
 
-fn classify(error: reqwest::Error) -> SendError {
+pub(super) fn classify(error: reqwest::Error) -> SendError {
     let class = if error.is_timeout() {
         FailureClass::Timeout
     } else if error.is_connect() {

@@ -1,0 +1,225 @@
+use super::*;
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    fs::write(f.path(), text).unwrap();
+    f
+}
+
+#[test]
+fn defaults_listen_on_loopback() {
+    let c = Config::load(None, &Overrides::default()).unwrap();
+    assert_eq!(c.listen, "127.0.0.1:9750".parse().unwrap());
+    assert!(!c.node_name.is_empty());
+}
+
+#[test]
+fn flags_win_over_file() {
+    let f = file("listen = \"127.0.0.1:1111\"\nnode_name = \"from-file\"\noutbox_capacity = 5\n");
+    let flags = Overrides {
+        listen: Some("127.0.0.1:2222".parse().unwrap()),
+        ..Overrides::default()
+    };
+    let c = Config::load(Some(f.path()), &flags).unwrap();
+    assert_eq!(c.listen.port(), 2222);
+    assert_eq!(c.node_name, "from-file");
+    assert_eq!(c.outbox_capacity, 5);
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let f = file("listen = \"127.0.0.1:1\"\nlisten_addr = \"x\"\n");
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("unknown field `listen_addr`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_value_is_named() {
+    let f = file("outbox_capacity = 0\n");
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid configuration: `outbox_capacity` must be at least 1"
+    );
+    let f = file("listen = \"not an address\"\n");
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert!(err.to_string().contains("listen"), "{err}");
+}
+
+#[test]
+fn workers_and_rules_parse_with_units() {
+    let f = file(
+        r#"
+sample_interval = "500ms"
+on_residual_over_cap = "flag"
+[[worker]]
+name = "w1"
+cgroup = "/sys/fs/cgroup/memory/w1"
+soft_cap = "1GiB"
+unhealthy_after = "90s"
+recover_after = "2m"
+[[worker]]
+name = "dask"
+process = "dask worker"
+[[rule]]
+worker = "w1"
+cgroup = "/sys/fs/cgroup/memory/w1/job_*"
+soft_cap = "512MiB"
+"#,
+    );
+    let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    assert_eq!(c.sample_interval, Duration::from_millis(500));
+    assert_eq!(c.watchdog.on_residual_over_cap, OnResidualOverCap::Flag);
+    assert_eq!(c.workers.len(), 2);
+    let w1 = &c.workers[0];
+    assert_eq!(
+        w1.source,
+        MemorySource::Cgroup("/sys/fs/cgroup/memory/w1".into())
+    );
+    assert_eq!(w1.soft_cap, Some(1 << 30));
+    assert_eq!(w1.unhealthy_after, Duration::from_secs(90));
+    assert_eq!(w1.recover_after, Duration::from_secs(120));
+    assert_eq!(
+        c.workers[1].source,
+        MemorySource::Process("dask worker".into())
+    );
+    assert_eq!(c.workers[1].unhealthy_after, DEFAULT_UNHEALTHY_AFTER);
+    assert!(c.rules[0].pattern.matches("/sys/fs/cgroup/memory/w1/job_7"));
+    assert_eq!(c.rules[0].soft_cap, Some(512 << 20));
+}
+
+#[test]
+fn worker_mistakes_are_named() {
+    for (text, expected) in [
+        (
+            "[[worker]]\nname = \"a\"\n",
+            "needs one of `cgroup`, `pid` or `process`",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\nprocess = \"x\"\n",
+            "give only one of",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\ncgroup = \"rel\"\n",
+            "must be an absolute path",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\n[[worker]]\nname = \"a\"\npid = 2\n",
+            "`worker.name` `a` is declared twice",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\nsoft_cap = \"lots\"\n",
+            "`lots` is not a size",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\nunhealthy_after = \"soon\"\n",
+            "`soon` is not a duration",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\ncolour = 1\n",
+            "unknown field `colour`",
+        ),
+        (
+            "[[rule]]\nworker = \"b\"\ncgroup = \"/x/*\"\n",
+            "`rule.worker` `b` is not a declared [[worker]]",
+        ),
+    ] {
+        let f = file(text);
+        let err = Config::load(Some(f.path()), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{text:?}: {err}");
+    }
+}
+
+#[test]
+fn delivery_keys_parse_with_defaults() {
+    let f = file(
+        "state_dir = \"/tmp/x\"\noutbox_max_age = \"2d\"\nheartbeat_interval = \"5s\"\n\
+         [[webhook]]\nurl = \"http://127.0.0.1:1/hook\"\nsecret = \"s3\"\ntimeout = \"3s\"\n\
+         [[webhook]]\nname = \"sched\"\nurl = \"https://sched.example/e\"\nbatch_size = 10\n\
+         [[nats]]\nurl = \"nats://127.0.0.1:4222\"\n",
+    );
+    let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    assert_eq!(c.state_dir, Path::new("/tmp/x"));
+    assert_eq!(c.outbox_max_age, Duration::from_secs(2 * 86400));
+    assert_eq!(c.heartbeat_interval, Duration::from_secs(5));
+    assert_eq!(c.webhooks[0].name, "webhook-1");
+    assert_eq!(c.webhooks[0].secret, Some(Secret("s3".into())));
+    assert_eq!(c.webhooks[0].delivery.timeout, Duration::from_secs(3));
+    assert_eq!(c.webhooks[1].name, "sched");
+    assert_eq!(c.webhooks[1].delivery.batch_size, 10);
+    assert_eq!(c.nats[0].subject, "memwatch.events");
+    assert_eq!(c.nats[0].stream, "MEMWATCH");
+    assert!(!format!("{c:?}").contains("s3"), "secrets are not printed");
+
+    // --webhook replaces the file's list; --state-dir wins.
+    let flags = Overrides {
+        state_dir: Some("/tmp/y".into()),
+        webhooks: vec!["http://127.0.0.1:2/a".into()],
+        ..Overrides::default()
+    };
+    let c = Config::load(Some(f.path()), &flags).unwrap();
+    assert_eq!(c.state_dir, Path::new("/tmp/y"));
+    assert_eq!(c.webhooks.len(), 1);
+    assert_eq!(c.webhooks[0].url.as_str(), "http://127.0.0.1:2/a");
+}
+
+#[test]
+fn bad_delivery_values_are_named() {
+    for (text, expected) in [
+        (
+            "heartbeat_interval = \"soon\"\n",
+            "`heartbeat_interval` is not a duration",
+        ),
+        (
+            "[[webhook]]\nurl = \"ftp://x\"\n",
+            "`webhook[0].url` must be an http",
+        ),
+        (
+            "[[webhook]]\nurl = \"http://x\"\nbatch_size = 0\n",
+            "`webhook[0].batch_size`",
+        ),
+        (
+            "[[webhook]]\nurl = \"http://x\"\ntimeout = \"0s\"\n",
+            "`webhook[0].timeout`",
+        ),
+        (
+            "[[nats]]\nurl = \"n:1\"\nsubject = \"a.>\"\n",
+            "`nats[0].subject`",
+        ),
+        (
+            "[[webhook]]\nurl = \"http://x\"\nname = \"a\"\n[[nats]]\nurl = \"n\"\nname = \"a\"\n",
+            "`name` of a sink must be unique",
+        ),
+    ] {
+        let f = file(text);
+        let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains(expected), "{text}: {err}");
+    }
+    let f = file("[[webhook]]\nurl = \"http://x\"\nretries = 3\n");
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert!(err.to_string().contains("unknown field `retries`"), "{err}");
+    let flags = Overrides {
+        webhooks: vec!["not a url".into()],
+        ..Overrides::default()
+    };
+    let err = Config::load(None, &flags).unwrap_err();
+    assert!(err.to_string().contains("`--webhook`"), "{err}");
+}
+
+#[test]
+fn missing_file_says_which() {
+    let err = Config::load(
+        Some(Path::new("/nonexistent/memwatch.toml")),
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("cannot read config file /nonexistent/memwatch.toml")
+    );
+}

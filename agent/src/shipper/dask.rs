@@ -1,0 +1,294 @@
+//! The Dask sink: retires the Dask workers of an unhealthy memwatch worker
+//! through the scheduler's HTTP API, behind the cluster guard.
+//!
+//! - `worker_unhealthy` (or a heartbeat whose state says a worker is
+//!   unhealthy): the memwatch worker's Dask workers (see `dask_map` for the
+//!   rule) are retired with `POST /api/v1/retire_workers {"workers": [...]}`:
+//!   the scheduler moves their data and tasks to other workers, then the
+//!   worker and its nanny exit.
+//! - Before that, `GET /api/v1/get_workers`: when the retirement would
+//!   leave fewer workers than the guard allows, nothing is retired and one
+//!   `guard_blocked` event says why. The retirement is tried again on every
+//!   later batch (any event, heartbeats included) until the guard allows it
+//!   or the worker recovers.
+//! - `worker_recovered` forgets the worker. A worker is retired once per
+//!   unhealthy episode: its replacement, started by the operator's
+//!   supervisor while memwatch still counts down `recover_after`, is left alone.
+//!
+//! Any failure to reach the scheduler fails the batch: the delivery loop
+//! retries it with backoff, and acting on it again is idempotent.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::{
+    dask_map::{self, GetWorkers, Mapped, SchedulerNames},
+    delivery::{FailureClass, SendError, Sink},
+    guard::Guard,
+    outbox::Outbox,
+    webhook::classify,
+};
+use crate::{
+    config::{DaskConfig, Delivery},
+    event::{Event, EventBody, EventKind},
+    telemetry::Metrics,
+    watchdog::spec::WorkerSpec,
+};
+
+pub struct DaskSink {
+    config: DaskConfig,
+    client: reqwest::Client,
+    specs: Arc<[WorkerSpec]>,
+    outbox: Outbox,
+    metrics: Metrics,
+    names: SchedulerNames,
+    /// memwatch workers that are unhealthy and not retired yet.
+    pending: BTreeSet<String>,
+    /// memwatch workers retired in their current unhealthy episode.
+    done: BTreeSet<String>,
+    /// memwatch workers whose `guard_blocked` was already reported.
+    blocked: BTreeSet<String>,
+    /// Dask addresses retired by this sink: leaving while still listed.
+    retiring: BTreeSet<String>,
+}
+
+impl DaskSink {
+    pub fn new(
+        config: DaskConfig,
+        specs: Arc<[WorkerSpec]>,
+        outbox: Outbox,
+        metrics: Metrics,
+        names: SchedulerNames,
+    ) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            client: client(&config.delivery)?,
+            config,
+            specs,
+            outbox,
+            metrics,
+            names,
+            pending: BTreeSet::new(),
+            done: BTreeSet::new(),
+            blocked: BTreeSet::new(),
+            retiring: BTreeSet::new(),
+        })
+    }
+
+    fn observe(&mut self, event: &Event) {
+        let worker = event.body.worker.clone();
+        match (event.body.kind, worker) {
+            (EventKind::WorkerUnhealthy, Some(w)) if !self.done.contains(&w) => {
+                self.pending.insert(w);
+            }
+            (EventKind::WorkerRecovered, Some(w)) => self.forget(&w),
+            (EventKind::Heartbeat, _) => {
+                let workers = event
+                    .body
+                    .state
+                    .as_ref()
+                    .and_then(|s| s.get("workers"))
+                    .and_then(|w| w.as_array());
+                for w in workers.into_iter().flatten() {
+                    let (Some(name), Some(status)) = (
+                        w.get("name").and_then(|n| n.as_str()),
+                        w.get("status").and_then(|s| s.as_str()),
+                    ) else {
+                        continue;
+                    };
+                    if status != "unhealthy" {
+                        self.forget(name);
+                    } else if !self.done.contains(name) {
+                        self.pending.insert(name.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn forget(&mut self, worker: &str) {
+        self.pending.remove(worker);
+        self.done.remove(worker);
+        self.blocked.remove(worker);
+    }
+
+    async fn dask_workers(&self) -> Result<Vec<Mapped>, SendError> {
+        let url = api_url(&self.config, "api/v1/get_workers");
+        let response = self.client.get(url).send().await.map_err(classify)?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(SendError::new(
+                FailureClass::Status,
+                format!("get_workers answered {status}"),
+            ));
+        }
+        let answer: GetWorkers = response
+            .json()
+            .await
+            .map_err(|e| SendError::new(FailureClass::Other, format!("get_workers answer: {e}")))?;
+        let specs = Arc::clone(&self.specs);
+        let mapped =
+            tokio::task::spawn_blocking(move || dask_map::map_workers(&specs, &answer.workers))
+                .await
+                .map_err(|e| SendError::new(FailureClass::Other, format!("worker map: {e}")))?;
+        self.names.update(&mapped);
+        Ok(mapped)
+    }
+
+    async fn retire_pending(&mut self) -> Result<(), SendError> {
+        let mapped = self.dask_workers().await?;
+        self.retiring
+            .retain(|a| mapped.iter().any(|m| &m.address == a));
+        let guard = Guard {
+            min_workers: self.config.min_workers,
+            min_fraction: self.config.min_fraction,
+        };
+        for worker in self.pending.clone() {
+            let addresses: Vec<String> = mapped
+                .iter()
+                .filter(|m| m.worker.as_deref() == Some(worker.as_str()))
+                .filter(|m| !self.retiring.contains(&m.address))
+                .map(|m| m.address.clone())
+                .collect();
+            if addresses.is_empty() {
+                debug!(sink = %self.config.name, %worker, "no Dask worker of this worker is in the cluster");
+                continue;
+            }
+            let leaving = self.retiring.len() + addresses.len();
+            if let Err(blocked) = guard.check(mapped.len(), leaving) {
+                if self.blocked.insert(worker.clone()) {
+                    warn!(sink = %self.config.name, %worker, dask = ?addresses, %blocked, "retirement refused by the cluster guard");
+                    self.report_blocked(&worker, &addresses, &blocked.to_string());
+                }
+                continue;
+            }
+            self.retire(&addresses).await?;
+            info!(sink = %self.config.name, %worker, dask = ?addresses, "Dask workers retired");
+            self.metrics
+                .scheduler_actions
+                .with_label_values(&[self.config.name.as_str(), "retire"])
+                .inc();
+            self.retiring.extend(addresses);
+            self.pending.remove(&worker);
+            self.blocked.remove(&worker);
+            self.done.insert(worker);
+        }
+        Ok(())
+    }
+
+    async fn retire(&self, addresses: &[String]) -> Result<(), SendError> {
+        let url = api_url(&self.config, "api/v1/retire_workers");
+        let response = self
+            .client
+            .post(url)
+            .json(&serde_json::json!({ "workers": addresses }))
+            .send()
+            .await
+            .map_err(classify)?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(SendError::new(
+                FailureClass::Status,
+                format!("retire_workers {addresses:?} answered {status}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn report_blocked(&self, worker: &str, addresses: &[String], why: &str) {
+        let mut body = EventBody::new(EventKind::GuardBlocked);
+        body.worker = Some(worker.to_string());
+        body.scheduler_worker = addresses.first().cloned();
+        body.reason = Some(format!(
+            "not retiring Dask worker(s) {}: {why}; retried when the cluster changes",
+            addresses.join(", ")
+        ));
+        self.metrics.count_event(&body);
+        self.metrics
+            .scheduler_actions
+            .with_label_values(&[self.config.name.as_str(), "guard_blocked"])
+            .inc();
+        self.outbox.append(body, None);
+    }
+}
+
+impl Sink for DaskSink {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn delivery(&self) -> &Delivery {
+        &self.config.delivery
+    }
+
+    async fn send(&mut self, batch: &[Event]) -> Result<(), SendError> {
+        for event in batch {
+            self.observe(event);
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.retire_pending().await
+    }
+}
+
+fn client(delivery: &Delivery) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(delivery.connect_timeout)
+        .timeout(delivery.timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("memwatch/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+fn api_url(config: &DaskConfig, path: &str) -> reqwest::Url {
+    let mut url = config.url.clone();
+    let base = url.path().trim_end_matches('/').to_string();
+    url.set_path(&format!("{base}/{path}"));
+    url
+}
+
+/// Keeps `names` current (pid → Dask address), so an `oom_kill` event can
+/// name the Dask worker that was killed. Stops when `shutdown` turns true.
+pub async fn refresh_names(
+    config: DaskConfig,
+    specs: Arc<[WorkerSpec]>,
+    names: SchedulerNames,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Ok(client) = client(&config.delivery) else {
+        return;
+    };
+    let url = api_url(&config, "api/v1/get_workers");
+    let mut ticker = tokio::time::interval(config.refresh_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let answer = async {
+            let response = client.get(url.clone()).send().await?.error_for_status()?;
+            response.json::<GetWorkers>().await
+        };
+        match tokio::time::timeout(config.delivery.timeout + Duration::from_secs(1), answer).await {
+            Ok(Ok(answer)) => {
+                let specs = Arc::clone(&specs);
+                if let Ok(mapped) = tokio::task::spawn_blocking(move || {
+                    dask_map::map_workers(&specs, &answer.workers)
+                })
+                .await
+                {
+                    names.update(&mapped);
+                }
+            }
+            Ok(Err(error)) => debug!(sink = %config.name, %error, "Dask worker map not refreshed"),
+            Err(_) => debug!(sink = %config.name, "Dask worker map refresh timed out"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    Json, Router,
+    extract::State,
+    routing::{get, post},
+};
+use chrono::Utc;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::watchdog::spec::MemorySource;
+
+/// A Dask scheduler's HTTP API: the workers it lists, the retirements asked.
+#[derive(Clone, Default)]
+struct FakeScheduler {
+    workers: Arc<Mutex<Vec<(String, String)>>>,
+    retired: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+async fn get_workers(State(f): State<FakeScheduler>) -> Json<Value> {
+    let workers = f.workers.lock().unwrap();
+    let list: Vec<Value> = workers
+        .iter()
+        .map(|(name, address)| json!({"name": name, "address": address}))
+        .collect();
+    Json(json!({"num_workers": list.len(), "workers": list}))
+}
+
+async fn retire_workers(State(f): State<FakeScheduler>, Json(body): Json<Value>) -> Json<Value> {
+    let asked: Vec<String> = serde_json::from_value(body["workers"].clone()).unwrap();
+    f.workers
+        .lock()
+        .unwrap()
+        .retain(|(_, a)| !asked.contains(a));
+    f.retired.lock().unwrap().push(asked);
+    Json(json!({}))
+}
+
+async fn serve(fake: FakeScheduler) -> String {
+    let app = Router::new()
+        .route("/api/v1/get_workers", get(get_workers))
+        .route("/api/v1/retire_workers", post(retire_workers))
+        .with_state(fake);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+fn sink(url: &str, outbox: &Outbox) -> DaskSink {
+    // Pids that do not exist: the Dask workers are matched by name.
+    let specs: Arc<[WorkerSpec]> = ["w1", "w2", "w3"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| WorkerSpec {
+            name: name.to_string(),
+            source: MemorySource::Pid(u32::MAX - i as u32),
+            soft_cap: None,
+            unhealthy_after: Duration::from_secs(1),
+            recover_after: Duration::from_secs(1),
+        })
+        .collect::<Vec<_>>()
+        .into();
+    let config = DaskConfig {
+        name: "dask-1".into(),
+        url: url.parse().unwrap(),
+        min_workers: 1,
+        min_fraction: 0.5,
+        refresh_interval: Duration::from_secs(1),
+        delivery: Delivery {
+            timeout: Duration::from_secs(5),
+            ..Delivery::default()
+        },
+    };
+    let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+    DaskSink::new(
+        config,
+        specs,
+        outbox.clone(),
+        metrics,
+        SchedulerNames::default(),
+    )
+    .unwrap()
+}
+
+fn event(seq: u64, kind: EventKind, worker: Option<&str>, state: Option<Value>) -> Event {
+    let mut body = EventBody::new(kind);
+    body.worker = worker.map(str::to_string);
+    body.state = state;
+    Event {
+        id: format!("e{seq}"),
+        seq,
+        time: Utc::now(),
+        host: "h".into(),
+        body,
+    }
+}
+
+fn heartbeat(seq: u64, unhealthy: &[&str]) -> Event {
+    let workers: Vec<Value> = ["w1", "w2", "w3"]
+        .iter()
+        .map(|w| {
+            let status = if unhealthy.contains(w) {
+                "unhealthy"
+            } else {
+                "healthy"
+            };
+            json!({"name": w, "status": status})
+        })
+        .collect();
+    event(
+        seq,
+        EventKind::Heartbeat,
+        None,
+        Some(json!({"workers": workers})),
+    )
+}
+
+fn guard_blocked(outbox: &Outbox) -> Vec<Event> {
+    outbox
+        .read(0, 100)
+        .into_iter()
+        .filter(|e| e.body.kind == EventKind::GuardBlocked)
+        .collect()
+}
+
+#[tokio::test]
+async fn retires_one_worker_at_a_time_and_reports_a_blocked_guard_once() {
+    let fake = FakeScheduler::default();
+    *fake.workers.lock().unwrap() = vec![
+        ("w1".into(), "tcp://192.0.2.1:1".into()),
+        ("w2".into(), "tcp://192.0.2.2:2".into()),
+    ];
+    let url = serve(fake.clone()).await;
+    let outbox = Outbox::new(
+        "h",
+        100,
+        Metrics::new(&prometheus::Registry::new()).unwrap(),
+    );
+    let mut sink = sink(&url, &outbox);
+
+    // Both leak: the first goes, the guard keeps the second.
+    let both = [
+        event(1, EventKind::WorkerUnhealthy, Some("w1"), None),
+        event(2, EventKind::WorkerUnhealthy, Some("w2"), None),
+    ];
+    sink.send(&both).await.unwrap();
+    assert_eq!(*fake.retired.lock().unwrap(), [["tcp://192.0.2.1:1"]]);
+    let blocked = guard_blocked(&outbox);
+    assert_eq!(blocked.len(), 1);
+    assert_eq!(blocked[0].body.worker.as_deref(), Some("w2"));
+    assert_eq!(
+        blocked[0].body.scheduler_worker.as_deref(),
+        Some("tcp://192.0.2.2:2")
+    );
+
+    // Still blocked at the next heartbeat: nothing retired, nothing reported again.
+    sink.send(&[heartbeat(3, &["w1", "w2"])]).await.unwrap();
+    assert_eq!(fake.retired.lock().unwrap().len(), 1);
+    assert_eq!(guard_blocked(&outbox).len(), 1);
+
+    // A fresh worker joins (the supervisor replaced w1): the cluster changed,
+    // w2 goes now; w1, retired in this episode, is not asked again.
+    fake.workers
+        .lock()
+        .unwrap()
+        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    sink.send(&[heartbeat(4, &["w1", "w2"])]).await.unwrap();
+    assert_eq!(
+        *fake.retired.lock().unwrap(),
+        [["tcp://192.0.2.1:1"], ["tcp://192.0.2.2:2"]]
+    );
+    assert_eq!(
+        *fake.workers.lock().unwrap(),
+        [("w3".to_string(), "tcp://192.0.2.3:3".to_string())]
+    );
+
+    // A recovered worker that turns unhealthy again is acted on again.
+    fake.workers
+        .lock()
+        .unwrap()
+        .push(("w1".into(), "tcp://192.0.2.1:5".into()));
+    sink.send(&[
+        event(5, EventKind::WorkerRecovered, Some("w1"), None),
+        event(6, EventKind::WorkerUnhealthy, Some("w1"), None),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(
+        fake.retired.lock().unwrap().last().unwrap(),
+        &["tcp://192.0.2.1:5"]
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_scheduler_fails_the_batch_for_a_retry() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let outbox = Outbox::new(
+        "h",
+        100,
+        Metrics::new(&prometheus::Registry::new()).unwrap(),
+    );
+    let mut sink = sink(&format!("http://127.0.0.1:{port}"), &outbox);
+    let error = sink
+        .send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
+        .await
+        .unwrap_err();
+    assert_eq!(error.class, FailureClass::Connect, "{error}");
+    // Events that need no action need no scheduler.
+    sink.pending.clear();
+    sink.send(&[event(2, EventKind::TaskStarted, Some("w1"), None)])
+        .await
+        .unwrap();
+}

@@ -1,0 +1,344 @@
+//! The Slurm sink: drains the node of an unhealthy worker, resumes it once
+//! the worker recovered (only nodes memwatch drained), and requeues a job
+//! whose process was OOM-killed, per the configured policy.
+//!
+//! - `worker_unhealthy` → `scontrol update NodeName=<node> State=DRAIN
+//!   Reason="memwatch: <reason>"`, unless an operator (a reason not starting
+//!   with `memwatch:`) drained the node already. The node is remembered in
+//!   `<state_dir>/slurm-<sink name>.json`.
+//! - `worker_recovered` → `State=RESUME` for a node in that file, once no
+//!   worker of the node is unhealthy, and only while its reason is still
+//!   memwatch's (an operator who re-drained it keeps it drained).
+//! - `oom_kill` of a job: the job id is the `job_<N>` component of the
+//!   victim's cgroup (Slurm's cgroup plugins), or the `slurm-<N>-…` task id
+//!   `memwatch exec` gives a task inside a job. Policy `other_node`:
+//!   `scontrol requeue <N>`, `update JobId=<N> ExcNodeList=<node it ran on>`,
+//!   `update JobId=<N> StartTime=now` (a requeued job otherwise waits ~2
+//!   minutes); `any_node` skips the exclusion; at most `max_requeues` per job.
+//!
+//! Transient failures (controller unreachable, `scontrol` timeout) fail the
+//! batch and the delivery loop retries it with backoff; a refusal for good
+//! (unknown job or node, job not requeueable) is logged, counted as
+//! `status` and not retried. Events of a retried batch already acted on are
+//! skipped (the last handled seq is in the same file).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::{
+    delivery::{SendError, Sink},
+    scontrol::{self, ScontrolError},
+};
+use crate::{
+    config::{Delivery, RequeuePolicy, SlurmConfig},
+    event::{Event, EventKind},
+    telemetry::Metrics,
+};
+
+/// Slurm keeps reasons short in its listings.
+const MAX_REASON: usize = 200;
+/// How often a requeued job is checked until it is pending again.
+const PENDING_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+/// Prefix of every reason memwatch sets: how it knows a drain is its own.
+pub const REASON_PREFIX: &str = "memwatch:";
+
+/// What the sink must remember across restarts.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SlurmState {
+    /// Node → the unhealthy workers on it memwatch drained it for.
+    drained: BTreeMap<String, BTreeSet<String>>,
+    /// Job id → requeues memwatch made.
+    requeues: BTreeMap<u64, u32>,
+    /// Highest event seq acted on.
+    last_seq: u64,
+}
+
+pub struct SlurmSink {
+    config: SlurmConfig,
+    /// The node of a worker not listed in `nodes`.
+    default_node: String,
+    path: PathBuf,
+    state: SlurmState,
+    metrics: Metrics,
+}
+
+impl SlurmSink {
+    pub fn open(
+        config: SlurmConfig,
+        default_node: String,
+        state_dir: &Path,
+        metrics: Metrics,
+    ) -> io::Result<Self> {
+        let path = state_dir.join(format!("slurm-{}.json", config.name));
+        let state = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(io::Error::other)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => SlurmState::default(),
+            Err(e) => return Err(e),
+        };
+        Ok(Self {
+            config,
+            default_node,
+            path,
+            state,
+            metrics,
+        })
+    }
+
+    fn save(&self) -> Result<(), SendError> {
+        let write = || -> io::Result<()> {
+            let tmp = self.path.with_extension("json.tmp");
+            fs::write(&tmp, serde_json::to_vec_pretty(&self.state)?)?;
+            fs::rename(&tmp, &self.path)
+        };
+        write().map_err(|e| {
+            SendError::new(
+                super::delivery::FailureClass::Other,
+                format!("saving {}: {e}", self.path.display()),
+            )
+        })
+    }
+
+    fn node_of(&self, worker: &str) -> String {
+        self.config
+            .nodes
+            .get(worker)
+            .cloned()
+            .unwrap_or_else(|| self.default_node.clone())
+    }
+
+    async fn scontrol(&self, args: &[String]) -> Result<String, ScontrolError> {
+        scontrol::run(&self.config.scontrol, args, self.config.delivery.timeout).await
+    }
+
+    fn count(&self, action: &str) {
+        self.metrics
+            .scheduler_actions
+            .with_label_values(&[self.config.name.as_str(), action])
+            .inc();
+    }
+
+    /// `Ok(())` when done or refused for good; `Err` when worth retrying.
+    async fn handle(&mut self, event: &Event) -> Result<(), ScontrolError> {
+        let worker = event.body.worker.as_deref();
+        match (event.body.kind, worker) {
+            (EventKind::WorkerUnhealthy, Some(w)) if self.config.drain => {
+                self.drain(w, event).await
+            }
+            (EventKind::WorkerRecovered, Some(w)) if self.config.drain => self.resume(w).await,
+            (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
+                match job_id(event) {
+                    Some(job) => self.requeue(job).await,
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn node_fields(&self, node: &str) -> Result<BTreeMap<String, String>, ScontrolError> {
+        let out = self
+            .scontrol(&["show".into(), "node".into(), node.into(), "-o".into()])
+            .await?;
+        Ok(scontrol::fields(out.lines().next().unwrap_or("")))
+    }
+
+    async fn drain(&mut self, worker: &str, event: &Event) -> Result<(), ScontrolError> {
+        let node = self.node_of(worker);
+        if let Some(workers) = self.state.drained.get_mut(&node) {
+            workers.insert(worker.to_string());
+            return Ok(());
+        }
+        let fields = self.node_fields(&node).await?;
+        let state = fields.get("State").map_or("", String::as_str);
+        let reason = fields.get("Reason").map_or("", String::as_str);
+        if state.contains("DRAIN") && !reason.starts_with(REASON_PREFIX) {
+            info!(sink = %self.config.name, %node, %worker, %reason, "node already drained by someone else; left alone");
+            return Ok(());
+        }
+        let mut why = format!(
+            "{REASON_PREFIX} worker {worker} unhealthy: {}",
+            event.body.reason.as_deref().unwrap_or("no reason given")
+        );
+        if why.len() > MAX_REASON {
+            let mut end = MAX_REASON;
+            while !why.is_char_boundary(end) {
+                end -= 1;
+            }
+            why.truncate(end);
+        }
+        self.scontrol(&[
+            "update".into(),
+            format!("NodeName={node}"),
+            "State=DRAIN".into(),
+            format!("Reason={why}"),
+        ])
+        .await?;
+        info!(sink = %self.config.name, %node, %worker, "node drained");
+        self.count("drain");
+        self.state
+            .drained
+            .entry(node)
+            .or_default()
+            .insert(worker.to_string());
+        Ok(())
+    }
+
+    async fn resume(&mut self, worker: &str) -> Result<(), ScontrolError> {
+        let node = self.node_of(worker);
+        let Some(workers) = self.state.drained.get_mut(&node) else {
+            return Ok(());
+        };
+        workers.remove(worker);
+        if !workers.is_empty() {
+            return Ok(());
+        }
+        let fields = self.node_fields(&node).await?;
+        let reason = fields.get("Reason").map_or("", String::as_str);
+        let state = fields.get("State").map_or("", String::as_str);
+        if state.contains("DRAIN") && reason.starts_with(REASON_PREFIX) {
+            self.scontrol(&[
+                "update".into(),
+                format!("NodeName={node}"),
+                "State=RESUME".into(),
+            ])
+            .await?;
+            info!(sink = %self.config.name, %node, %worker, "node resumed");
+            self.count("resume");
+        } else {
+            info!(sink = %self.config.name, %node, %state, %reason, "node no longer drained by memwatch; not resumed");
+        }
+        self.state.drained.remove(&node);
+        Ok(())
+    }
+
+    async fn requeue(&mut self, job: u64) -> Result<(), ScontrolError> {
+        let done = self.state.requeues.get(&job).copied().unwrap_or(0);
+        if done >= self.config.max_requeues {
+            warn!(sink = %self.config.name, job, requeues = done, "job OOM-killed again; max_requeues reached, not requeued");
+            return Ok(());
+        }
+        let node = if self.config.requeue == RequeuePolicy::OtherNode {
+            let out = self
+                .scontrol(&["show".into(), "job".into(), job.to_string(), "-o".into()])
+                .await?;
+            let f = scontrol::fields(out.lines().next().unwrap_or(""));
+            f.get("BatchHost")
+                .or_else(|| f.get("NodeList"))
+                .filter(|n| !n.is_empty() && *n != "(null)")
+                .cloned()
+        } else {
+            None
+        };
+        self.scontrol(&["requeue".into(), job.to_string()]).await?;
+        self.state.requeues.insert(job, done + 1);
+        // A running job is requeued once Slurm has finished killing it:
+        // updates before it is pending again are refused.
+        if !self.wait_pending(job).await? {
+            info!(sink = %self.config.name, job, "requeued job left pending on its own; not updated");
+            self.count("requeue");
+            return Ok(());
+        }
+        if let Some(node) = &node {
+            self.scontrol(&[
+                "update".into(),
+                format!("JobId={job}"),
+                format!("ExcNodeList={node}"),
+            ])
+            .await?;
+        }
+        self.scontrol(&[
+            "update".into(),
+            format!("JobId={job}"),
+            "StartTime=now".into(),
+        ])
+        .await?;
+        info!(sink = %self.config.name, job, excluded = node.as_deref().unwrap_or("-"), "OOM-killed job requeued");
+        self.count("requeue");
+        Ok(())
+    }
+}
+
+impl SlurmSink {
+    /// Waits (bounded by the sink's `timeout`) until `job` is pending;
+    /// `false` when it started or ended first.
+    async fn wait_pending(&self, job: u64) -> Result<bool, ScontrolError> {
+        let deadline = tokio::time::Instant::now() + self.config.delivery.timeout;
+        loop {
+            let out = self
+                .scontrol(&["show".into(), "job".into(), job.to_string(), "-o".into()])
+                .await?;
+            let fields = scontrol::fields(out.lines().next().unwrap_or(""));
+            match fields.get("JobState").map(String::as_str) {
+                Some("PENDING") => return Ok(true),
+                Some("RUNNING" | "COMPLETED" | "CANCELLED") => return Ok(false),
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ScontrolError::Timeout {
+                    args: format!("show job {job} (waiting for it to be pending)"),
+                    timeout: self.config.delivery.timeout,
+                });
+            }
+            tokio::time::sleep(PENDING_POLL).await;
+        }
+    }
+}
+
+/// The Slurm job of an `oom_kill` event: a `job_<N>` cgroup component, or
+/// a `slurm-<N>-…` task id (`memwatch exec` inside a job).
+pub fn job_id(event: &Event) -> Option<u64> {
+    let from_cgroup = event.body.cgroup.as_deref().and_then(|path| {
+        path.split('/')
+            .rev()
+            .find_map(|part| part.strip_prefix("job_")?.parse().ok())
+    });
+    let from_task = || {
+        let rest = event.body.task_id.as_deref()?.strip_prefix("slurm-")?;
+        rest.split('-').next()?.parse().ok()
+    };
+    from_cgroup.or_else(from_task)
+}
+
+impl Sink for SlurmSink {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn delivery(&self) -> &Delivery {
+        &self.config.delivery
+    }
+
+    async fn send(&mut self, batch: &[Event]) -> Result<(), SendError> {
+        for event in batch {
+            if event.seq <= self.state.last_seq {
+                continue;
+            }
+            match self.handle(event).await {
+                Ok(()) => {}
+                Err(error) if !error.transient() => {
+                    warn!(sink = %self.config.name, seq = event.seq, kind = event.body.kind.as_str(), %error, "scontrol refused; not retried");
+                    self.metrics
+                        .sink_failures
+                        .with_label_values(&[self.config.name.as_str(), error.class().as_str()])
+                        .inc();
+                }
+                Err(error) => {
+                    // What was done so far is remembered; the rest is retried.
+                    self.save()?;
+                    return Err(SendError::new(error.class(), error.to_string()));
+                }
+            }
+            self.state.last_seq = event.seq;
+        }
+        self.save()
+    }
+}
+
+#[cfg(test)]
+mod tests;

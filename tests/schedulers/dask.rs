@@ -1,0 +1,266 @@
+//! memwatch with a real Dask cluster (scheduler + 2 nanny workers on
+//! 127.0.0.1, each worker in a memory cgroup of its own): an unhealthy
+//! worker is retired and the work fails over; the cluster guard keeps the
+//! last worker; an OOM-killed worker is reported with its Dask address and
+//! the job still completes. Root only; never skipped in CI.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use memwatch::event::{Event, EventKind};
+use memwatch_tests::{
+    agent::Agent,
+    dask::{DaskCluster, python_with_dask},
+    kernel_tests_enabled,
+};
+
+const MIB: u64 = 1 << 20;
+/// Sum of x² for x in 0..100: what the computations must return.
+const SQUARES: u64 = 328_350;
+/// How much the leak task holds on to, over the cap set 150 MiB above the
+/// worker's own memory.
+const LEAK_MIB: u64 = 250;
+
+/// Clusters are run one at a time: the machine has two cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn setup(test: &str) -> Option<PathBuf> {
+    if !kernel_tests_enabled(test) {
+        return None;
+    }
+    python_with_dask(test)
+}
+
+/// A soft cap 150 MiB above the larger of the workers' memory at rest.
+fn cap_above_rest(cluster: &DaskCluster) -> u64 {
+    let rest = cluster
+        .workers
+        .iter()
+        .map(|w| w.cgroup.usage())
+        .max()
+        .unwrap_or(0);
+    rest + 150 * MIB
+}
+
+fn config(cluster: &DaskCluster, soft_cap: Option<u64>) -> String {
+    let mut text = String::from("heartbeat_interval = \"2s\"\nsample_interval = \"200ms\"\n");
+    for w in &cluster.workers {
+        text.push_str(&format!(
+            "[[worker]]\nname = \"{}\"\ncgroup = \"{}\"\nunhealthy_after = \"3s\"\nrecover_after = \"60s\"\n",
+            w.name,
+            w.cgroup.path_str()
+        ));
+        if let Some(cap) = soft_cap {
+            text.push_str(&format!("soft_cap = {cap}\n"));
+        }
+    }
+    text.push_str(&format!(
+        "[[dask]]\nurl = \"{}\"\nmin_workers = 1\nmin_fraction = 0.5\nrefresh_interval = \"500ms\"\nretry_initial = \"200ms\"\nretry_max = \"2s\"\n",
+        cluster.http_url()
+    ));
+    text
+}
+
+/// Polls until `done` or `timeout`; the time it took.
+async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut done: impl AsyncFnMut() -> bool,
+) -> Duration {
+    let start = Instant::now();
+    while !done().await {
+        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+fn of_kind(events: &[Event], kind: EventKind) -> Vec<&Event> {
+    events.iter().filter(|e| e.body.kind == kind).collect()
+}
+
+#[tokio::test]
+async fn dask_unhealthy_worker_is_retired_and_work_fails_over() {
+    const TEST: &str = "dask_unhealthy_worker_is_retired_and_work_fails_over";
+    let Some(python) = setup(TEST) else { return };
+    let _serial = SERIAL.lock().await;
+    let cluster = DaskCluster::start(python, &["w1", "w2"], &[None, None]).await;
+    let (a1, a2) = (
+        cluster.workers[0].address.clone(),
+        cluster.workers[1].address.clone(),
+    );
+    let cap = cap_above_rest(&cluster);
+    let leak = LEAK_MIB.to_string();
+
+    // Without memwatch: the leaking worker stays in the cluster, dead weight.
+    cluster.client(&["leak", &a1, &leak]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let held = cluster.workers[0].cgroup.usage();
+    assert!(held > cap, "the leak did not take w1 over {cap}: {held}");
+    assert!(cluster.listed().await.iter().any(|(_, a)| *a == a1));
+    println!(
+        "without memwatch: w1 holds {} MiB (cap {} MiB) and is still in the cluster after 8 s",
+        held / MIB,
+        cap / MIB
+    );
+    cluster.client(&["free", &a1]);
+    wait_until("w1 frees its leak", Duration::from_secs(20), async || {
+        cluster.workers[0].cgroup.usage() < cap
+    })
+    .await;
+
+    // With memwatch: the same leak gets w1 retired, and work goes to w2.
+    let agent = Agent::start_with_config(&config(&cluster, Some(cap))).await;
+    let _leak = cluster.client_background(&["leak", &a1, &leak]);
+    wait_until(
+        "the leak crosses the cap",
+        Duration::from_secs(60),
+        async || cluster.workers[0].cgroup.usage() > cap,
+    )
+    .await;
+    let crossed = Instant::now();
+    let retired = wait_until("w1 is retired", Duration::from_secs(60), async || {
+        !cluster.listed().await.iter().any(|(_, a)| *a == a1)
+    })
+    .await;
+    println!(
+        "with memwatch: w1 retired {retired:?} after its leak crossed the soft cap (unhealthy_after = 3s)"
+    );
+    let events = agent.events(0).await;
+    let unhealthy = of_kind(&events, EventKind::WorkerUnhealthy);
+    assert_eq!(unhealthy.len(), 1, "{events:#?}");
+    assert_eq!(unhealthy[0].body.worker.as_deref(), Some("w1"));
+    assert!(
+        of_kind(&events, EventKind::GuardBlocked).is_empty(),
+        "{events:#?}"
+    );
+    assert!(crossed.elapsed() >= retired);
+
+    let listed = cluster.listed().await;
+    assert_eq!(listed, [("w2".to_string(), a2.clone())], "only w2 is left");
+    // Pull model: polling /health gives the same verdicts as the events.
+    let (code, health) = agent.get("/health?worker=w1").await;
+    assert_eq!(code, 503, "{health}");
+    assert!(health.contains("unmanaged memory"), "{health}");
+    assert_eq!(agent.get("/health?worker=w2").await.0, 200);
+    let answer = cluster.client(&["compute"]);
+    assert_eq!(answer["total"], SQUARES, "{answer}");
+    assert_eq!(answer["workers"], serde_json::json!([a2]), "{answer}");
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        metrics.contains("memwatch_scheduler_actions_total{action=\"retire\",sink=\"dask-1\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn dask_guard_keeps_the_last_worker_when_both_leak() {
+    const TEST: &str = "dask_guard_keeps_the_last_worker_when_both_leak";
+    let Some(python) = setup(TEST) else { return };
+    let _serial = SERIAL.lock().await;
+    let cluster = DaskCluster::start(python, &["w1", "w2"], &[None, None]).await;
+    let cap = cap_above_rest(&cluster);
+    let agent = Agent::start_with_config(&config(&cluster, Some(cap))).await;
+    let leak = LEAK_MIB.to_string();
+    let _leaks = [
+        cluster.client_background(&["leak", &cluster.workers[0].address, &leak]),
+        cluster.client_background(&["leak", &cluster.workers[1].address, &leak]),
+    ];
+
+    let blocked = agent
+        .wait_for_event(Duration::from_secs(90), "guard_blocked", |e| {
+            e.body.kind == EventKind::GuardBlocked
+        })
+        .await;
+    let kept = blocked
+        .body
+        .worker
+        .clone()
+        .expect("guard_blocked names the worker");
+    let kept_at = cluster
+        .workers
+        .iter()
+        .find(|w| w.name == kept)
+        .expect("a test worker")
+        .address
+        .clone();
+    assert_eq!(
+        blocked.body.scheduler_worker.as_deref(),
+        Some(kept_at.as_str())
+    );
+    let reason = blocked.body.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("cluster guard") && reason.contains("leave 0 of"),
+        "{reason}"
+    );
+    println!("guard_blocked for {kept}: {reason}");
+
+    // Heartbeats retry every 2 s: the guard keeps holding, the cluster keeps running.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let listed = cluster.listed().await;
+    assert_eq!(
+        listed,
+        [(kept.clone(), kept_at.clone())],
+        "exactly one retired"
+    );
+    let answer = cluster.client(&["compute"]);
+    assert_eq!(answer["total"], SQUARES, "{answer}");
+    let events = agent.events(0).await;
+    assert_eq!(
+        of_kind(&events, EventKind::WorkerUnhealthy).len(),
+        2,
+        "{events:#?}"
+    );
+    assert_eq!(
+        of_kind(&events, EventKind::GuardBlocked).len(),
+        1,
+        "reported once while blocked: {events:#?}"
+    );
+}
+
+#[tokio::test]
+async fn dask_oom_killed_worker_is_reported_with_its_address_and_the_job_completes() {
+    const TEST: &str = "dask_oom_killed_worker_is_reported_with_its_address_and_the_job_completes";
+    let Some(python) = setup(TEST) else { return };
+    let _serial = SERIAL.lock().await;
+    let cluster = DaskCluster::start(python, &["w1", "w2"], &[Some(600 * MIB), None]).await;
+    let a1 = cluster.workers[0].address.clone();
+    let agent = Agent::start_with_config(&config(&cluster, None)).await;
+    // The worker map refreshes every 500 ms: let it see both workers.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let started = Instant::now();
+    let answer = cluster.client(&["spike", &a1, "800"]);
+    let completed = started.elapsed();
+    assert_eq!(answer["spike"], 800, "{answer}");
+    assert_eq!(answer["total"], SQUARES, "{answer}");
+    let kill = agent
+        .wait_for_event(Duration::from_secs(10), "oom_kill of w1", |e| {
+            e.body.kind == EventKind::OomKill && e.body.worker.as_deref() == Some("w1")
+        })
+        .await;
+    assert_eq!(
+        kill.body.scheduler_worker.as_deref(),
+        Some(a1.as_str()),
+        "{kill:#?}"
+    );
+    assert!(
+        kill.body
+            .cgroup
+            .as_deref()
+            .is_some_and(|c| c.starts_with(cluster.workers[0].cgroup.path_str())),
+        "{kill:#?}"
+    );
+    // The nanny brought w1 back (a new process, a new address).
+    let back = wait_until(
+        "the nanny restarts w1",
+        Duration::from_secs(30),
+        async || cluster.address_of("w1").await.is_some_and(|a| a != a1),
+    )
+    .await;
+    println!(
+        "OOM kill of {a1} reported as worker w1; the job completed {completed:?} after submission; w1 back (restarted by its nanny) {back:?} later"
+    );
+}

@@ -1,0 +1,230 @@
+//! memwatch with a real one-host Slurm cluster (slurmctld + slurmd n1, n2):
+//! a job OOM-killed on n1 is requeued and completes on n2 at once; a node
+//! whose worker is unhealthy is drained with memwatch's reason and resumed
+//! after recovery. Root only; never skipped in CI.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt as _,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use memwatch::event::EventKind;
+use memwatch_tests::{
+    agent::Agent,
+    cgroup::TestCgroup,
+    kernel_tests_enabled,
+    process::Guarded,
+    slurm::{SlurmCluster, slurm_available},
+    workspace_bin,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// Clusters run one at a time: two cores, shared.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn setup(test: &str) -> bool {
+    kernel_tests_enabled(test) && slurm_available(test)
+}
+
+fn sink_config(cluster: &SlurmCluster, extra: &str) -> String {
+    format!(
+        "[[slurm]]\nscontrol = \"{}\"\nretry_initial = \"200ms\"\nretry_max = \"2s\"\n{extra}",
+        cluster.scontrol_wrapper().display()
+    )
+}
+
+/// Polls `check` every 50 ms until it holds or `timeout` passes; the time it took.
+fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+fn state_of(cluster: &SlurmCluster, node: &str) -> String {
+    cluster
+        .node_states()
+        .into_iter()
+        .find(|(n, _)| n == node)
+        .map(|(_, s)| s)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
+    const TEST: &str = "slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node";
+    if !setup(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster = SlurmCluster::start();
+
+    // Without memwatch: a job killed on n1 stays failed; Slurm does not rerun it.
+    let killed = cluster.dir.path().join("killed.sh");
+    fs::write(&killed, "#!/bin/sh\nkill -KILL $$\n").unwrap();
+    let baseline = cluster.sbatch(&killed);
+    wait_until("the baseline job ends", Duration::from_secs(30), || {
+        cluster.job(baseline)["JobState"] == "FAILED"
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let job = cluster.job(baseline);
+    assert_eq!(
+        (job["JobState"].as_str(), job["Restarts"].as_str()),
+        ("FAILED", "0")
+    );
+    println!(
+        "without memwatch: a job killed on {} stays FAILED, not rerun",
+        job["NodeList"]
+    );
+
+    let agent =
+        Agent::start_with_config(&sink_config(&cluster, "requeue = \"other_node\"\n")).await;
+    // n1 is the small node: the job's task gets 64 MiB there and needs 100.
+    let script = cluster.dir.path().join("job.sh");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"node $SLURMD_NODENAME job $SLURM_JOB_ID\"\n\
+             if [ \"$SLURMD_NODENAME\" = n1 ]; then cap=64M; else cap=512M; fi\n\
+             exec {} exec --agent {} --hard-cap $cap -- {} 100 1\n",
+            workspace_bin("memwatch").display(),
+            agent.base_url,
+            workspace_bin("memhog").display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let id = cluster.sbatch(&script);
+    let prefix = format!("slurm-{id}-");
+    let kill = agent
+        .wait_for_event(Duration::from_secs(60), "oom_kill of the job's task", |e| {
+            e.body.kind == EventKind::OomKill
+                && e.body
+                    .task_id
+                    .as_deref()
+                    .is_some_and(|t| t.starts_with(&prefix))
+        })
+        .await;
+    let seen = Instant::now();
+    let took = wait_until(
+        "the requeued job completes",
+        Duration::from_secs(60),
+        || cluster.job(id)["JobState"] == "COMPLETED",
+    );
+    let job = cluster.job(id);
+    assert_eq!(job["NodeList"], "n2", "{job:?}");
+    assert_eq!(job["ExcNodeList"], "n1", "{job:?}");
+    assert_eq!(job["Restarts"], "1", "{job:?}");
+    let output = fs::read_to_string(cluster.dir.path().join(format!("job-{id}.out"))).unwrap();
+    assert!(output.contains("node n2"), "{output}");
+    let since_kill = (chrono::Utc::now() - kill.time)
+        .to_std()
+        .unwrap_or_default();
+    println!(
+        "with memwatch: job {id} OOM-killed on n1 (pid {:?}, at {}), requeued and COMPLETED on n2 {took:?} after the oom_kill event was read ({since_kill:?} after the kill); Slurm alone: stays FAILED, and a plain requeue waits ~140 s (MACHINE-NOTES)",
+        kill.body.pid,
+        kill.time.format("%H:%M:%S%.3f")
+    );
+    assert!(seen.elapsed() >= took);
+    // Why it took that long: the sink's retries, as the agent logged them.
+    for line in agent
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("will retry") || l.contains("refused") || l.contains("requeued"))
+    {
+        println!("agent: {line}");
+    }
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        metrics.contains("memwatch_scheduler_actions_total{action=\"requeue\",sink=\"slurm-1\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recovery() {
+    const TEST: &str = "slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recovery";
+    if !setup(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster = SlurmCluster::start();
+    let worker = TestCgroup::create("slurm-n1");
+    let hog = |cg: &TestCgroup| {
+        Guarded(
+            Command::new("sh")
+                .arg("-c")
+                .arg(cg.exec_line(&format!("{} 200 120", workspace_bin("memhog").display())))
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn memhog"),
+        )
+    };
+
+    // Without memwatch: Slurm keeps n1 open for work whatever its memory.
+    let leftover = hog(&worker);
+    wait_until("memhog holds its memory", Duration::from_secs(20), || {
+        worker.usage() > 150 * MIB
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(state_of(&cluster, "n1"), "idle");
+    println!("without memwatch: n1 stays idle (open for jobs) with 200 MiB of leftover memory");
+    drop(leftover);
+
+    let agent = Agent::start_with_config(&format!(
+        "sample_interval = \"200ms\"\n\
+         [[worker]]\nname = \"n1w\"\ncgroup = \"{}\"\nsoft_cap = \"100MiB\"\nunhealthy_after = \"2s\"\nrecover_after = \"2s\"\n{}",
+        worker.path_str(),
+        sink_config(&cluster, "nodes = { n1w = \"n1\" }\n")
+    ))
+    .await;
+    let leftover = hog(&worker);
+    wait_until("memhog crosses the cap", Duration::from_secs(20), || {
+        worker.usage() > 100 * MIB
+    });
+    let drained = wait_until("n1 is drained", Duration::from_secs(30), || {
+        state_of(&cluster, "n1").starts_with("drain")
+    });
+    let reasons = cluster.drain_reasons();
+    assert!(
+        reasons.contains("n1|memwatch: worker n1w unhealthy"),
+        "sinfo -R:\n{reasons}"
+    );
+    assert_eq!(state_of(&cluster, "n2"), "idle");
+    // Pull model: a health check polling the agent gets the same verdict.
+    let (code, health) = agent.get("/health?worker=n1w").await;
+    assert_eq!(code, 503, "{health}");
+    assert!(health.contains("unmanaged memory"), "{health}");
+    println!(
+        "with memwatch: n1 drained {drained:?} after crossing its cap (unhealthy_after = 2s); sinfo -R: {}",
+        reasons.trim()
+    );
+
+    drop(leftover);
+    let resumed = wait_until("n1 is resumed", Duration::from_secs(30), || {
+        state_of(&cluster, "n1") == "idle"
+    });
+    println!("n1 resumed {resumed:?} after the memory was freed (recover_after = 2s)");
+    assert!(cluster.drain_reasons().trim().is_empty());
+    let (code, health) = agent.get("/health?worker=n1w").await;
+    assert_eq!(code, 200, "{health}");
+    let events = agent.events(0).await;
+    let kinds: Vec<EventKind> = events.iter().map(|e| e.body.kind).collect();
+    assert!(
+        kinds.contains(&EventKind::WorkerUnhealthy) && kinds.contains(&EventKind::WorkerRecovered)
+    );
+    let (_, metrics) = agent.get("/metrics").await;
+    for action in ["drain", "resume"] {
+        assert!(
+            metrics.contains(&format!(
+                "memwatch_scheduler_actions_total{{action=\"{action}\",sink=\"slurm-1\"}} 1"
+            )),
+            "{metrics}"
+        );
+    }
+}

@@ -1,0 +1,89 @@
+//! Child processes with bounded waits, killed on drop.
+
+use std::{
+    io::Read as _,
+    process::{Child, Command, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+/// Runs `cmd` to completion within `timeout` (killed after it), with its
+/// output captured. Panics on a timeout, naming `what`.
+pub fn run_bounded(what: &str, cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    // Read both pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: did not finish within {timeout:?}; stderr:\n{}",
+                String::from_utf8_lossy(&err.join().unwrap_or_default())
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// A long-running child, SIGKILLed and reaped on drop.
+pub struct Guarded(pub Child);
+
+impl Guarded {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Panics naming `what` when the child already exited.
+    pub fn assert_running(&mut self, what: &str) {
+        if let Ok(Some(status)) = self.0.try_wait() {
+            panic!("{what} exited: {status}");
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether tests that install software and start clusters may run: as
+/// root. Not root: skipped with the reason printed, or a failure in CI.
+pub fn root_or_skip(test: &str, needs: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if crate::in_ci() {
+        panic!("{test}: CI must run this test as root ({needs})");
+    }
+    eprintln!("skipped {test}: needs root ({needs})");
+    false
+}
