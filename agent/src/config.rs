@@ -2,6 +2,7 @@
 //! Invalid configuration is rejected before anything touches the kernel,
 //! with the offending key named.
 
+mod kubernetes;
 mod sinks;
 
 use std::{
@@ -13,6 +14,7 @@ use std::{
 
 use serde::Deserialize;
 
+pub use self::kubernetes::{Kubernetes, KubernetesFile};
 pub use self::sinks::{Delivery, NatsConfig, NatsFile, Secret, WebhookConfig, WebhookFile};
 use crate::{
     shipper::outbox,
@@ -66,6 +68,8 @@ pub struct Config {
     pub workers: Vec<WorkerSpec>,
     /// Cgroups that become tasks of a worker as they appear.
     pub rules: Vec<Rule>,
+    /// `[kubernetes]`: kubelet pods as tasks.
+    pub kubernetes: Kubernetes,
 }
 
 /// Every cgroup whose path matches `pattern` is a task of `worker`.
@@ -96,6 +100,7 @@ impl Default for Config {
             watchdog: Settings::default(),
             workers: Vec::new(),
             rules: Vec::new(),
+            kubernetes: Kubernetes::default(),
         }
     }
 }
@@ -127,6 +132,7 @@ pub struct FileConfig {
     pub worker: Vec<WorkerConfig>,
     #[serde(default)]
     pub rule: Vec<RuleConfig>,
+    pub kubernetes: Option<KubernetesFile>,
 }
 
 /// `[[worker]]`: exactly one of `cgroup`, `pid`, `process`.
@@ -227,7 +233,9 @@ impl Config {
             rule,
             webhook,
             nats,
+            kubernetes,
         } = file;
+        self.kubernetes = kubernetes.map(Kubernetes::from).unwrap_or_default();
         if let Some(v) = state_dir {
             self.state_dir = v;
         }
@@ -344,6 +352,7 @@ impl Config {
                 ));
             }
         }
+        self.kubernetes.pod_worker(&self.workers)?;
         for r in &self.rules {
             if !names.contains(r.worker.as_str()) {
                 return Err(invalid(
@@ -645,6 +654,47 @@ soft_cap = "512MiB"
         };
         let err = Config::load(None, &flags).unwrap_err();
         assert!(err.to_string().contains("`--webhook`"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_pod_tasks_go_to_the_host_or_the_named_worker() {
+        let c = Config::load(None, &Overrides::default()).unwrap();
+        assert_eq!(
+            c.kubernetes.pod_worker(&c.workers).unwrap(),
+            None,
+            "off by default"
+        );
+        let f = file("[kubernetes]\npod_tasks = true\n");
+        let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+        assert_eq!(
+            c.kubernetes.pod_worker(&c.workers).unwrap().as_deref(),
+            Some("host")
+        );
+        let f = file(
+            "[kubernetes]\npod_tasks = true\nworker = \"b\"\n\
+             [[worker]]\nname = \"a\"\npid = 1\n[[worker]]\nname = \"b\"\npid = 2\n",
+        );
+        let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+        assert_eq!(
+            c.kubernetes.pod_worker(&c.workers).unwrap().as_deref(),
+            Some("b")
+        );
+        for (text, expected) in [
+            (
+                "[kubernetes]\npod_tasks = true\n[[worker]]\nname = \"a\"\npid = 1\n\
+                 [[worker]]\nname = \"b\"\npid = 2\n",
+                "`kubernetes.worker` must name the worker",
+            ),
+            (
+                "[kubernetes]\npod_tasks = true\nworker = \"zz\"\n",
+                "`kubernetes.worker` `zz` is not a declared",
+            ),
+            ("[kubernetes]\npods = true\n", "unknown field `pods`"),
+        ] {
+            let f = file(text);
+            let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains(expected), "{text}: {err}");
+        }
     }
 
     #[test]
