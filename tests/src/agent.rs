@@ -53,10 +53,24 @@ impl Agent {
     /// Starts the agent with `--state-dir state_dir` (kept by the caller,
     /// e.g. across a restart) and `extra` flags; waits until it is ready.
     pub async fn start_in(state_dir: &Path, extra: &[&str]) -> Agent {
+        Self::start_wrapped(&[], state_dir, extra).await
+    }
+
+    /// Like [`Agent::start_in`], with `memwatch` run by a wrapper command
+    /// (`setpriv … --`, to run it with fewer privileges).
+    pub async fn start_wrapped(wrapper: &[&str], state_dir: &Path, extra: &[&str]) -> Agent {
         let port = free_port();
         let log =
             std::env::temp_dir().join(format!("memwatch-test-{}-{port}.log", std::process::id()));
-        let child = Command::new(workspace_bin("memwatch"))
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(workspace_bin("memwatch"));
+                c
+            }
+            None => Command::new(workspace_bin("memwatch")),
+        };
+        let child = command
             .args([
                 "run",
                 "--listen",
