@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cgroup;
 pub mod nats;
+pub mod ops;
 pub mod tmpfs;
 
 use std::path::PathBuf;
