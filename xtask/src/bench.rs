@@ -104,7 +104,12 @@ impl Agent {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let state = std::env::temp_dir().join(format!("memwatch-bench-{port}"));
         let child = Command::new(bin)
-            .args(["run", "--listen", &format!("127.0.0.1:{port}"), "--state-dir"])
+            .args([
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--state-dir",
+            ])
             .arg(&state)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
