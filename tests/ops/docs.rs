@@ -131,10 +131,10 @@ fn config_structs(source: &str) -> BTreeMap<String, BTreeSet<String>> {
             }
         } else if t == "}" {
             current = None;
-        } else if let (Some(n), Some(field)) = (&current, t.strip_prefix("pub ")) {
-            if let Some((name, _)) = field.split_once(':') {
-                structs.get_mut(n).unwrap().insert(name.trim().to_string());
-            }
+        } else if let (Some(n), Some(field)) = (&current, t.strip_prefix("pub "))
+            && let Some((name, _)) = field.split_once(':')
+        {
+            structs.get_mut(n).unwrap().insert(name.trim().to_string());
         }
     }
     structs
