@@ -101,9 +101,21 @@ fn raw_configmap_holds_a_config_the_agent_accepts() {
 #[test]
 fn helm_chart_renders_valid_manifests_and_a_config_the_agent_accepts() {
     let out = tempfile::tempdir().unwrap();
-    for (values, workers, webhooks) in [
-        (None, 0, 0),
-        (Some(repo().join("deploy/check/values-full.yaml")), 1, 1),
+    // (values, workers, webhooks, pod tasks and the Prometheus operator's kinds)
+    for (values, workers, webhooks, enabled) in [
+        (None, 0, 0, true),
+        (
+            Some(repo().join("deploy/check/values-full.yaml")),
+            1,
+            1,
+            true,
+        ),
+        (
+            Some(repo().join("deploy/check/values-minimal.yaml")),
+            0,
+            0,
+            false,
+        ),
     ] {
         render_chart(out.path(), values.as_deref());
         assert_valid(
@@ -114,10 +126,15 @@ fn helm_chart_renders_valid_manifests_and_a_config_the_agent_accepts() {
         let config = assert_agent_accepts(&toml);
         assert_eq!(config.workers.len(), workers, "{toml}");
         assert_eq!(config.webhooks.len(), webhooks, "{toml}");
-        assert!(config.kubernetes.pod_tasks, "{toml}");
+        assert_eq!(config.kubernetes.pod_tasks, enabled, "{toml}");
+        assert_eq!(config.api_token.is_some(), enabled, "{toml}");
         let manifests = fs::read_to_string(out.path().join("manifests.yaml")).unwrap();
         for kind in CRD_KINDS {
-            assert!(manifests.contains(&format!("kind: {kind}")), "{kind}");
+            assert_eq!(
+                manifests.contains(&format!("kind: {kind}")),
+                enabled,
+                "{kind}"
+            );
         }
     }
 }
