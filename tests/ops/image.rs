@@ -1,7 +1,9 @@
 //! The container image: deploy/docker/build-oci.sh builds an OCI archive
 //! with buildah (FROM scratch, no registry, no daemon); the image's root
 //! filesystem then runs memwatch by itself (chroot: every library it needs
-//! is inside), with the entrypoint, user and port the docs give. Root only
+//! is inside), with the entrypoint, user and port the docs give, and the
+//! agent started from it, with the host's /sys and /proc as the DaemonSet
+//! mounts them, attaches its probe (`/ready` 200). Root only
 //! (buildah, chroot); buildah is installed from Debian when missing; never
 //! skipped in CI.
 
@@ -11,7 +13,7 @@ use std::{
     process::{Command, Output},
 };
 
-use memwatch_tests::{kernel_tests_enabled, ops::repo, workspace_bin};
+use memwatch_tests::{agent::free_port, kernel_tests_enabled, ops::repo, workspace_bin};
 use serde_json::Value;
 
 fn run(cmd: &mut Command) -> Output {
@@ -43,8 +45,8 @@ fn blob(layout: &Path, digest: &str) -> Value {
     serde_json::from_str(&text).expect("blob JSON")
 }
 
-#[test]
-fn oci_image_builds_without_a_registry_and_runs_memwatch() {
+#[tokio::test]
+async fn oci_image_builds_without_a_registry_and_runs_memwatch() {
     if !kernel_tests_enabled("oci_image_builds_without_a_registry_and_runs_memwatch") {
         return;
     }
@@ -120,4 +122,58 @@ fn oci_image_builds_without_a_registry_and_runs_memwatch() {
             .arg(&rootfs)
             .args(["/usr/local/bin/memwatch", "run", "--help"]));
     assert!(String::from_utf8_lossy(&out.stdout).contains("--state-dir"));
+
+    // The agent from the image, as in the pod: the host's /sys and /proc
+    // mounted (in a mount namespace of its own, gone when it exits).
+    fs::create_dir_all(rootfs.join("var/lib/memwatch")).unwrap();
+    for dir in ["proc", "sys"] {
+        fs::create_dir_all(rootfs.join(dir)).unwrap();
+    }
+    let port = free_port();
+    let root = rootfs.display();
+    let log = work.path().join("agent.log");
+    let mut agent = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(format!(
+            "mount --rbind /sys {root}/sys && mount -t proc proc {root}/proc && \
+             exec chroot {root} /usr/local/bin/memwatch run --listen 127.0.0.1:{port} \
+             --state-dir /var/lib/memwatch --node-name image-test"
+        ))
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("unshare (util-linux)");
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let ready = loop {
+        if let Ok(r) = client
+            .get(format!("http://127.0.0.1:{port}/ready"))
+            .send()
+            .await
+            && r.status().as_u16() == 200
+        {
+            break true;
+        }
+        if std::time::Instant::now() > deadline || agent.try_wait().unwrap().is_some() {
+            break false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let health = match ready {
+        true => client
+            .get(format!("http://127.0.0.1:{port}/health"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        false => String::new(),
+    };
+    // SAFETY: kill(2) on our own child (exec'd into the agent).
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let status = agent.wait().unwrap();
+    let log = fs::read_to_string(&log).unwrap_or_default();
+    assert!(ready, "the agent from the image never got ready:\n{log}");
+    assert!(health.contains("\"source\":\"ebpf\""), "{health}");
+    assert_eq!(status.code(), Some(0), "clean exit on SIGTERM:\n{log}");
 }
