@@ -95,10 +95,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let hierarchy = MemoryHierarchy::discover()?;
     info!(root = %hierarchy.root.display(), version = %hierarchy.version, "memory cgroup hierarchy");
 
+    let mut rules = config.rules.clone();
+    if let Some(worker) = config.kubernetes.pod_worker(&config.workers)? {
+        info!(%worker, "kubelet pods are tasks");
+        rules.extend(crate::kube::pod_rules(&hierarchy.root, &worker));
+    }
     let monitor = Arc::new(Monitor::new(
         config.workers.clone(),
         config.watchdog.clone(),
-        config.rules.clone(),
+        rules,
         hierarchy.clone(),
         Arc::new(SystemReader),
         outbox.clone(),

@@ -2,6 +2,7 @@
 //! Invalid configuration is rejected before anything touches the kernel,
 //! with the offending key named.
 
+mod kubernetes;
 mod schedulers;
 mod sinks;
 
@@ -14,6 +15,7 @@ use std::{
 
 use serde::Deserialize;
 
+pub use self::kubernetes::{Kubernetes, KubernetesFile};
 pub use self::schedulers::{DaskConfig, DaskFile, RequeuePolicy, SlurmConfig, SlurmFile};
 pub use self::sinks::{Delivery, NatsConfig, NatsFile, Secret, WebhookConfig, WebhookFile};
 use crate::{
@@ -81,6 +83,8 @@ pub struct Config {
     pub workers: Vec<WorkerSpec>,
     /// Cgroups that become tasks of a worker as they appear.
     pub rules: Vec<Rule>,
+    /// `[kubernetes]`: kubelet pods as tasks.
+    pub kubernetes: Kubernetes,
 }
 
 /// Which event source `run` uses.
@@ -130,6 +134,7 @@ impl Default for Config {
             watchdog: Settings::default(),
             workers: Vec::new(),
             rules: Vec::new(),
+            kubernetes: Kubernetes::default(),
         }
     }
 }
@@ -168,6 +173,7 @@ pub struct FileConfig {
     pub worker: Vec<WorkerConfig>,
     #[serde(default)]
     pub rule: Vec<RuleConfig>,
+    pub kubernetes: Option<KubernetesFile>,
 }
 
 /// `[[worker]]`: exactly one of `cgroup`, `pid`, `process`.
@@ -289,7 +295,9 @@ impl Config {
             nats,
             dask,
             slurm,
+            kubernetes,
         } = file;
+        self.kubernetes = kubernetes.map(Kubernetes::from).unwrap_or_default();
         if let Some(v) = state_dir {
             self.state_dir = v;
         }
@@ -425,6 +433,7 @@ impl Config {
                 ));
             }
         }
+        self.kubernetes.pod_worker(&self.workers)?;
         for r in &self.rules {
             if !names.contains(r.worker.as_str()) {
                 return Err(invalid(

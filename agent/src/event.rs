@@ -150,6 +150,15 @@ pub struct EventBody {
     /// Heartbeats: the agent's state (the same JSON as `GET /v1/status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<serde_json::Value>,
+    /// Kubernetes pod UID, when `cgroup` is a kubelet pod's (see kube.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// Container runtime id, when `cgroup` is a pod container's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The pod's QoS class: `guaranteed`, `burstable`, `besteffort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_class: Option<crate::kube::QosClass>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +194,9 @@ impl EventBody {
             growth_bytes_per_sec: None,
             oom: None,
             state: None,
+            pod_uid: None,
+            container_id: None,
+            qos_class: None,
         }
     }
 }

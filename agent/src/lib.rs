@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod event;
 pub mod exec;
 pub mod heartbeat;
+pub mod kube;
 pub mod limits;
 pub mod monitor;
 pub mod pipeline;

@@ -59,8 +59,7 @@ impl Agent {
             std::os::unix::fs::PermissionsExt::from_mode(0o777),
         )
         .expect("chmod state dir");
-        let prefix = UNPRIVILEGED.map(String::from);
-        let mut agent = Self::spawn(&prefix, state.path(), extra).await;
+        let mut agent = Self::start_wrapped(&UNPRIVILEGED, state.path(), extra).await;
         agent._state = Some(state);
         agent
     }
@@ -68,14 +67,16 @@ impl Agent {
     /// Starts the agent with `--state-dir state_dir` (kept by the caller,
     /// e.g. across a restart) and `extra` flags; waits until it is ready.
     pub async fn start_in(state_dir: &Path, extra: &[&str]) -> Agent {
-        Self::spawn(&[], state_dir, extra).await
+        Self::start_wrapped(&[], state_dir, extra).await
     }
 
-    async fn spawn(prefix: &[String], state_dir: &Path, extra: &[&str]) -> Agent {
+    /// Like [`Agent::start_in`], with `memwatch` run by a wrapper command
+    /// (`setpriv … --`, to run it with fewer privileges).
+    pub async fn start_wrapped(wrapper: &[&str], state_dir: &Path, extra: &[&str]) -> Agent {
         let port = free_port();
         let log =
             std::env::temp_dir().join(format!("memwatch-test-{}-{port}.log", std::process::id()));
-        let mut command = match prefix.split_first() {
+        let mut command = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
                 c.args(args).arg(workspace_bin("memwatch"));

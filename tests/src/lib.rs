@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod dask;
 pub mod nats;
+pub mod ops;
 pub mod process;
 pub mod slurm;
 pub mod tmpfs;

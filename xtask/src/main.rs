@@ -4,6 +4,7 @@
 //! - `run`:   setup, build, and run the agent on this host.
 //! - `test`:  setup, format and lint checks, build, and every test.
 //! - `bench`: setup, then benchmarks that print ratios measured side by side.
+//! - `image`: setup, release build, and the OCI image (buildah, no registry).
 
 mod bench;
 mod setup;
@@ -34,6 +35,8 @@ enum Task {
         /// Which benchmark: `overhead`.
         which: Option<String>,
     },
+    /// Set up, build (release) and write the OCI image to target/memwatch.oci.tar (as root, needs buildah).
+    Image,
     /// Set up, check formatting and lints, build, and run every test.
     Test {
         /// Skip `cargo fmt --check` and clippy.
@@ -59,6 +62,18 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { which } => {
             setup::ensure()?;
             bench::run(which.as_deref())
+        }
+        Task::Image => {
+            setup::ensure()?;
+            shell::cargo(&["build", "--release", "--locked", "-p", "memwatch"])?;
+            let root = shell::workspace_root();
+            let script = root.join("deploy/docker/build-oci.sh");
+            let args = [
+                root.join("target/release/memwatch").display().to_string(),
+                root.join("target/memwatch.oci.tar").display().to_string(),
+                env!("CARGO_PKG_VERSION").to_string(),
+            ];
+            shell::run(&script, &args)
         }
         Task::Test { no_lint, args } => {
             setup::ensure()?;

@@ -223,3 +223,44 @@ fn missing_file_says_which() {
             .starts_with("cannot read config file /nonexistent/memwatch.toml")
     );
 }
+
+#[test]
+fn kubernetes_pod_tasks_go_to_the_host_or_the_named_worker() {
+    let c = Config::load(None, &Overrides::default()).unwrap();
+    assert_eq!(
+        c.kubernetes.pod_worker(&c.workers).unwrap(),
+        None,
+        "off by default"
+    );
+    let f = file("[kubernetes]\npod_tasks = true\n");
+    let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    assert_eq!(
+        c.kubernetes.pod_worker(&c.workers).unwrap().as_deref(),
+        Some("host")
+    );
+    let f = file(
+        "[kubernetes]\npod_tasks = true\nworker = \"b\"\n\
+         [[worker]]\nname = \"a\"\npid = 1\n[[worker]]\nname = \"b\"\npid = 2\n",
+    );
+    let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    assert_eq!(
+        c.kubernetes.pod_worker(&c.workers).unwrap().as_deref(),
+        Some("b")
+    );
+    for (text, expected) in [
+        (
+            "[kubernetes]\npod_tasks = true\n[[worker]]\nname = \"a\"\npid = 1\n\
+             [[worker]]\nname = \"b\"\npid = 2\n",
+            "`kubernetes.worker` must name the worker",
+        ),
+        (
+            "[kubernetes]\npod_tasks = true\nworker = \"zz\"\n",
+            "`kubernetes.worker` `zz` is not a declared",
+        ),
+        ("[kubernetes]\npods = true\n", "unknown field `pods`"),
+    ] {
+        let f = file(text);
+        let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains(expected), "{text}: {err}");
+    }
+}

@@ -158,7 +158,9 @@ impl Outbox {
     ///
     /// Never fails: when the state directory cannot be written the event
     /// waits in memory (see the module docs).
-    pub fn append(&self, body: EventBody, time: Option<DateTime<Utc>>) -> Event {
+    pub fn append(&self, mut body: EventBody, time: Option<DateTime<Utc>>) -> Event {
+        // Every event with a cgroup names its pod when the cgroup is one.
+        crate::kube::annotate(&mut body);
         let kind = body.kind;
         let event = {
             let mut inner = self.lock();

@@ -1,0 +1,185 @@
+//! The capabilities the docs claim (deploy/systemd/memwatch.service's
+//! `AmbientCapabilities=`, the DaemonSet's `capabilities.add`) are enough,
+//! and each one is needed. Root only (it hands out capabilities); never
+//! skipped in CI.
+
+use std::{
+    os::unix::fs::chown,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use memwatch::event::EventKind;
+use memwatch_tests::{
+    agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, ops::documented_capabilities,
+    workspace_bin,
+};
+
+const MIB: u64 = 1 << 20;
+const NOBODY: u32 = 65534;
+
+/// `CAP_BPF CAP_PERFMON` → `+bpf,+perfmon` for setpriv.
+fn setpriv_list(caps: &[String]) -> String {
+    let mut list = String::from("-all");
+    for cap in caps {
+        list.push_str(",+");
+        list.push_str(&cap.trim_start_matches("CAP_").to_lowercase());
+    }
+    list
+}
+
+/// How systemd runs the unit (DynamicUser=, AmbientCapabilities=,
+/// CapabilityBoundingSet=, NoNewPrivileges=): an unprivileged user holding
+/// exactly `caps`.
+fn as_service_user(caps: &[String]) -> Vec<String> {
+    let list = setpriv_list(caps);
+    vec![
+        "setpriv".into(),
+        format!("--reuid={NOBODY}"),
+        format!("--regid={NOBODY}"),
+        "--clear-groups".into(),
+        format!("--inh-caps={list}"),
+        format!("--ambient-caps={list}"),
+        format!("--bounding-set={list}"),
+        "--no-new-privs".into(),
+        "--".into(),
+    ]
+}
+
+/// How the container runtime runs the DaemonSet's container (uid 0,
+/// `drop: [ALL]`, `add: caps`, allowPrivilegeEscalation: false).
+fn as_container_root(caps: &[String]) -> Vec<String> {
+    vec![
+        "setpriv".into(),
+        "--inh-caps=-all".into(),
+        "--ambient-caps=-all".into(),
+        format!("--bounding-set={}", setpriv_list(caps)),
+        "--no-new-privs".into(),
+        "--".into(),
+    ]
+}
+
+/// A state directory owned by `uid`, mode 0700: as StateDirectory= makes it
+/// for the service user, as a root-owned hostPath is for the container (uid
+/// 0 without CAP_DAC_OVERRIDE writes only what it owns).
+fn state_dir_owned_by(uid: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("state dir");
+    chown(dir.path(), Some(uid), Some(uid)).expect("chown the state dir");
+    dir
+}
+
+async fn ready_and_reports_an_oom_kill(wrapper: &[String], owner: u32, label: &str) {
+    let state = state_dir_owned_by(owner);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut agent = Agent::start_wrapped(&wrapper, state.path(), &[]).await;
+    // start_wrapped returned: /ready said 200 under these capabilities.
+    let cgroup = TestCgroup::create(&format!("caps-{label}"));
+    cgroup.limit(64 * MIB);
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(cgroup.exec_line(&format!("{} 200 30", workspace_bin("memhog").display())))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn memhog");
+    let pid = child.id();
+    let event = agent
+        .wait_for_event(Duration::from_secs(30), "oom_kill", |e| {
+            e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
+        })
+        .await;
+    let _ = child.wait();
+    assert_eq!(event.body.cgroup.as_deref(), Some(cgroup.path_str()));
+    let (code, health) = agent.get("/health").await;
+    assert_eq!(code, 200, "{health}");
+    assert!(health.contains("\"source\":\"ebpf\""), "{health}");
+    assert_eq!(agent.stop(), Some(0), "{}", agent.log_text());
+}
+
+#[tokio::test]
+async fn documented_capabilities_suffice_as_the_service_user_and_as_container_root() {
+    if !kernel_tests_enabled(
+        "documented_capabilities_suffice_as_the_service_user_and_as_container_root",
+    ) {
+        return;
+    }
+    let caps = documented_capabilities();
+    assert_eq!(
+        caps,
+        ["CAP_BPF", "CAP_PERFMON"],
+        "the docs' set changed: re-measure"
+    );
+    ready_and_reports_an_oom_kill(&as_service_user(&caps), NOBODY, "user").await;
+    ready_and_reports_an_oom_kill(&as_container_root(&caps), 0, "root").await;
+}
+
+#[tokio::test]
+async fn without_any_one_documented_capability_run_fails_naming_it() {
+    if !kernel_tests_enabled("without_any_one_documented_capability_run_fails_naming_it") {
+        return;
+    }
+    let caps = documented_capabilities();
+    for missing in &caps {
+        let rest: Vec<String> = caps.iter().filter(|c| *c != missing).cloned().collect();
+        for (wrapper, owner) in [
+            (as_service_user(&rest), NOBODY),
+            (as_container_root(&rest), 0),
+        ] {
+            let state = state_dir_owned_by(owner);
+            // `--source ebpf`: the default (`auto`) would fall back to polling
+            // and keep running. Bounded: a run that does not fail is killed.
+            let out = Command::new("timeout")
+                .arg("60")
+                .args(&wrapper)
+                .arg(workspace_bin("memwatch"))
+                .args([
+                    "run",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--source",
+                    "ebpf",
+                    "--state-dir",
+                ])
+                .arg(state.path())
+                .output()
+                .expect("timeout (coreutils) and setpriv (util-linux)");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{wrapper:?}: {stderr}");
+            assert!(
+                stderr.contains(&format!("missing capability {missing}")),
+                "{wrapper:?} must name {missing}: {stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn systemd_unit_verifies_offline() {
+    let analyze = which::which("systemd-analyze");
+    let Ok(analyze) = analyze else {
+        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+            panic!("systemd-analyze is missing (Debian package `systemd`)");
+        }
+        eprintln!("skipped systemd_unit_verifies_offline: no systemd-analyze");
+        return;
+    };
+    // verify wants ExecStart= to exist: point it at the built binary.
+    let unit = memwatch_tests::ops::read("deploy/systemd/memwatch.service").replace(
+        "/usr/local/bin/memwatch",
+        workspace_bin("memwatch").to_str().expect("UTF-8 path"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memwatch.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze verify");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // verify exits 0 on unknown keys, only warning: any output is a failure.
+    assert!(out.status.success() && text.trim().is_empty(), "{text}");
+}

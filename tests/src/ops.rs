@@ -1,0 +1,108 @@
+//! Helpers for the packaging tests: the repository's files, and the Python
+//! tools that validate manifests offline (installed from PyPI when missing).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
+
+/// The workspace root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
+}
+
+/// A file of the repository, as text.
+pub fn read(relative: &str) -> String {
+    let path = repo().join(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Pinned: kubernetes-validate ships the Kubernetes JSON schemas (offline);
+/// helm-python-sdk ships Helm's Go SDK as a library (render and lint, no
+/// helm binary, no network).
+pub const PYTHON_TOOLS: [&str; 2] = ["kubernetes-validate==1.37.0", "helm-python-sdk==0.2.2"];
+
+/// Makes sure the validation tools import, installing them with pip when
+/// they do not. Never a skip: a test that needs them fails when they cannot
+/// be had.
+pub fn python_tools() {
+    static READY: OnceLock<()> = OnceLock::new();
+    READY.get_or_init(|| {
+        let imports = || {
+            Command::new("python3")
+                .args(["-c", "import kubernetes_validate, helm_python, yaml"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if imports() {
+            return;
+        }
+        eprintln!("installing {PYTHON_TOOLS:?} with pip");
+        let out = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(PYTHON_TOOLS)
+            .output()
+            .expect("python3 -m pip (python3 is needed to validate manifests)");
+        assert!(
+            out.status.success() && imports(),
+            "cannot install {PYTHON_TOOLS:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+/// `kubernetes-validate --strict` on `files`: (success, combined output).
+pub fn kubernetes_validate(files: &[PathBuf]) -> (bool, String) {
+    python_tools();
+    let out = Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict"])
+        .args(files)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Renders the Helm chart into `out` (manifests.yaml, memwatch.toml).
+pub fn render_chart(out: &Path, values: Option<&Path>) {
+    python_tools();
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo().join("deploy/check/render_chart.py"))
+        .arg(repo().join("deploy/helm/memwatch"))
+        .arg(out);
+    if let Some(values) = values {
+        cmd.arg(values);
+    }
+    let result = cmd.output().expect("run render_chart.py");
+    assert!(
+        result.status.success(),
+        "helm render/lint failed:\n{}{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+/// The capabilities the docs claim the agent needs, as written in the
+/// systemd unit's `AmbientCapabilities=` (`CAP_BPF`, `CAP_PERFMON`).
+pub fn documented_capabilities() -> Vec<String> {
+    let unit = read("deploy/systemd/memwatch.service");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities= in memwatch.service");
+    line.split_whitespace().map(str::to_string).collect()
+}
