@@ -88,12 +88,16 @@ fn look(mm: *const u8) -> Result<(), i32> {
 
 fn check(memcg: *const u8, off: &KernelOffsets) -> Result<(), i32> {
     let usage: u64 = read(memcg, off.memcg_usage)?;
+    let id = memcg_id(memcg, off)?;
     let settings = GROWTH.load();
     let key = memcg as u64;
+    // A freed mem_cgroup's memory is soon another cgroup's: an entry whose
+    // id is not this cgroup's is a stale one left at a reused address.
     let state = match MEMCG_STATE.get_ptr_mut(key) {
-        Some(state) => state,
-        None => {
-            let fresh = first_look(memcg, off, usage, settings.step_pages)?;
+        // SAFETY: reading a field of a live LRU map element.
+        Some(state) if unsafe { (*state).id } == id => state,
+        _ => {
+            let fresh = first_look(id, usage, settings.step_pages);
             MEMCG_STATE.insert(key, fresh, 0).map_err(|_| 3)?;
             return Ok(());
         }
@@ -133,17 +137,17 @@ fn next_step(usage: u64, step: u64) -> Option<u64> {
     usage.checked_div(step).map(|n| (n + 1) * step)
 }
 
-/// A cgroup seen for the first time: its id, cap and where it stands. A
-/// watched cgroup already over its cap says so at once.
-fn first_look(
-    memcg: *const u8,
-    off: &KernelOffsets,
-    usage: u64,
-    step: u64,
-) -> Result<MemcgState, i32> {
+/// The kernfs id of a memory cgroup: css->cgroup->kn->id.
+#[inline(always)]
+fn memcg_id(memcg: *const u8, off: &KernelOffsets) -> Result<u64, i32> {
     let cgroup: *const u8 = read(memcg, off.css_cgroup)?;
     let kn: *const u8 = read(cgroup, off.cgroup_kn)?;
-    let id: u64 = read(kn, off.kernfs_node_id)?;
+    read(kn, off.kernfs_node_id)
+}
+
+/// A cgroup seen for the first time: its cap and where it stands. A
+/// watched cgroup already over its cap says so at once.
+fn first_look(id: u64, usage: u64, step: u64) -> MemcgState {
     let mut state = MemcgState {
         id,
         cap_pages: 0,
@@ -156,7 +160,7 @@ fn first_look(
         state.above = 1;
         send(&state, GrowthRecord::ABOVE_CAP, usage);
     }
-    Ok(state)
+    state
 }
 
 /// Re-reads the cap when user space rewrote (or removed) the entry.
