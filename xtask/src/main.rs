@@ -6,6 +6,8 @@
 //! - `bench`: setup, then benchmarks that print ratios measured side by side.
 
 mod bench;
+mod bench_delay;
+mod bench_idle;
 mod setup;
 mod shell;
 mod test;
@@ -31,7 +33,7 @@ enum Task {
     },
     /// Set up, then run a benchmark (default: overhead) and print its table (as root).
     Bench {
-        /// Which benchmark: `overhead`.
+        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count).
         which: Option<String>,
     },
     /// Set up, check formatting and lints, build, and run every test.
