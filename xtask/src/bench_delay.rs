@@ -2,8 +2,9 @@
 //! a soft-cap crossing) to the event arriving at a local webhook, beside a
 //! plain poller of the cgroup files at 100 ms and 1 s on the same workload.
 //!
-//! The reference time of each event is the kernel's own stamp, carried in
-//! the event's `time`; every watcher is measured against that same stamp.
+//! The reference time of an OOM kill is the kernel's own stamp, carried in
+//! the event's `time`; of a soft-cap crossing, the moment memhog has touched
+//! the cap (it prints it). Every watcher is measured against the same time.
 
 use std::{
     collections::BTreeMap,
@@ -238,7 +239,7 @@ fn measure(
     kind: &str,
     file: &str,
     crossed: fn(&str) -> bool,
-    mut batch: impl FnMut(usize) -> anyhow::Result<Vec<PathBuf>>,
+    mut batch: impl FnMut(usize) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>>,
 ) -> anyhow::Result<Delays> {
     let mut delays = Delays::default();
     for k in 0..EVENTS / BATCH {
@@ -253,7 +254,7 @@ fn measure(
         thread::sleep(POLLS[1] + Duration::from_millis(200));
         let seen: Vec<_> = pollers.into_iter().map(Poller::finish).collect();
         let received = inbox.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        for dir in &used {
+        for (dir, mark) in &used {
             let cgroup = dir.to_string_lossy();
             let Some((arrived, event)) = received
                 .iter()
@@ -262,10 +263,11 @@ fn measure(
                 delays.missed[0] += 1;
                 continue;
             };
-            let kernel: SystemTime = event["time"]
+            let stamp = event["time"]
                 .as_str()
                 .and_then(|t| humantime::parse_rfc3339(t).ok())
                 .context("event time")?;
+            let kernel = mark.unwrap_or(stamp);
             delays.webhook.push(ms(kernel, *arrived));
             for (p, seen) in seen.iter().enumerate() {
                 match seen.get(&dir.join(file)) {
@@ -274,7 +276,7 @@ fn measure(
                 }
             }
         }
-        for dir in used {
+        for (dir, _) in used {
             let _ = std::fs::remove_dir(dir);
         }
         eprintln!("xtask: {kind} batch {k} done");
@@ -290,7 +292,7 @@ fn batch_dir(kind: &str, k: usize, j: usize) -> PathBuf {
 }
 
 /// BATCH memhogs of 128 MiB, each in its own 64 MiB cgroup: each is OOM-killed.
-fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<PathBuf>> {
+fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
     let mut children = Vec::new();
     let mut dirs = Vec::new();
     for j in 0..BATCH {
@@ -311,35 +313,42 @@ fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<PathBuf>> {
         dirs.push(dir);
     }
     wait_all(children, Duration::from_secs(20))?;
-    Ok(dirs)
+    Ok(dirs.into_iter().map(|d| (d, None)).collect())
 }
 
 /// BATCH `memwatch exec --soft-cap 32M -- memhog 48 2`: each crosses once.
-fn soft_cap_batch(release: &Path, agent: &str, k: usize) -> anyhow::Result<Vec<PathBuf>> {
+/// The reference is memhog's own mark when it has touched 32 MiB (the
+/// kernel stamps the crossing only at its next check, and the cgroup's
+/// usage counts page cache that RSS does not).
+fn soft_cap_batch(
+    release: &Path,
+    agent: &str,
+    k: usize,
+) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
     let children = (0..BATCH)
         .map(|j| {
             Command::new(release.join("memwatch"))
-                .args([
-                    "exec",
-                    "--agent",
-                    agent,
-                    "--soft-cap",
-                    "32M",
-                    "--task-id",
-                    &format!("bench-soft-{k}-{j}"),
-                    "--",
-                ])
+                .args(["exec", "--agent", agent, "--soft-cap", "32M"])
+                .args(["--task-id", &format!("bench-soft-{k}-{j}"), "--"])
                 .arg(release.join("memhog"))
                 .args(["48", "2"])
-                .stdout(Stdio::null())
+                .env("MEMHOG_MARK_MIB", "32")
+                .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
         })
         .collect::<Result<Vec<_>, _>>()?;
-    wait_all(children, Duration::from_secs(20))?;
-    Ok((0..BATCH)
-        .map(|j| batch_dir("soft_cap_exceeded", k, j))
-        .collect())
+    let mut marks = Vec::new();
+    for (j, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output()?;
+        let mark = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("mark "))
+            .and_then(|ns| ns.trim().parse::<u64>().ok())
+            .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns));
+        marks.push((batch_dir("soft_cap_exceeded", k, j), mark));
+    }
+    Ok(marks)
 }
 
 fn wait_all(children: Vec<std::process::Child>, timeout: Duration) -> anyhow::Result<()> {
