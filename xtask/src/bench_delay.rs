@@ -293,9 +293,18 @@ fn batch_dir(kind: &str, k: usize, j: usize) -> PathBuf {
 
 /// BATCH memhogs of 128 MiB, each in its own 64 MiB cgroup: each is OOM-killed.
 fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
+    oom_kills(release, k, BATCH)
+}
+
+/// `n` memhogs of 128 MiB started at once, each in its own 64 MiB cgroup.
+fn oom_kills(
+    release: &Path,
+    k: usize,
+    n: usize,
+) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
     let mut children = Vec::new();
     let mut dirs = Vec::new();
-    for j in 0..BATCH {
+    for j in 0..n {
         let dir = batch_dir("oom_kill", k, j);
         std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
         std::fs::write(dir.join("memory.limit_in_bytes"), (64 * MIB).to_string())?;
@@ -374,6 +383,91 @@ fn ms(from: SystemTime, to: SystemTime) -> f64 {
         Ok(d) => d.as_secs_f64() * 1e3,
         Err(e) => -e.duration().as_secs_f64() * 1e3,
     }
+}
+
+/// Processes OOM-killed at once in `cargo xtask bench storm`.
+const STORM: usize = 50;
+
+/// `cargo xtask bench storm`: STORM OOM kills at once; every one must reach
+/// the webhook. Prints the delay spread and the time to the last one.
+pub fn storm() -> anyhow::Result<()> {
+    if !shell::is_root() {
+        bail!("the storm benchmark loads the eBPF probe and makes cgroups: run it as root");
+    }
+    shell::cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "memwatch",
+        "-p",
+        "memwatch-tests",
+        "--bins",
+    ])?;
+    let release = shell::workspace_root().join("target/release");
+    let (port, inbox) = receiver()?;
+    let hook = format!("http://127.0.0.1:{port}/hook");
+    let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;
+    let used = oom_kills(&release, 999, STORM)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut delays = Vec::new();
+    let (mut first, mut last) = (None::<SystemTime>, None::<SystemTime>);
+    loop {
+        let received = inbox.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let found: Vec<_> = used
+            .iter()
+            .filter_map(|(dir, _)| {
+                received.iter().find(|(_, e)| {
+                    e["kind"] == "oom_kill" && e["cgroup"].as_str() == Some(&*dir.to_string_lossy())
+                })
+            })
+            .collect();
+        if found.len() == used.len() || Instant::now() > deadline {
+            for (arrived, event) in &found {
+                let stamp = event["time"]
+                    .as_str()
+                    .and_then(|t| humantime::parse_rfc3339(t).ok())
+                    .context("event time")?;
+                delays.push(ms(stamp, *arrived));
+                first = Some(first.map_or(stamp, |f| f.min(stamp)));
+                last = Some(last.map_or(*arrived, |l| l.max(*arrived)));
+            }
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    drop(agent);
+    let killed = used
+        .iter()
+        .filter(|(dir, _)| {
+            std::fs::read_to_string(dir.join("memory.oom_control")).is_ok_and(|t| oom_killed(&t))
+        })
+        .count();
+    for (dir, _) in &used {
+        let _ = std::fs::remove_dir(dir);
+    }
+    println!(
+        "\nOOM storm: {STORM} memhogs (128 MiB) started at once, each in its own 64 MiB cgroup\n"
+    );
+    println!(
+        "| OOM kills (cgroup counters) | oom_kill events at the webhook | p50 ms | p99 ms | max ms | first kill -> last arrival ms |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let span = match (first, last) {
+        (Some(f), Some(l)) => ms(f, l),
+        _ => f64::NAN,
+    };
+    let received = delays.len();
+    println!(
+        "| {killed} | {received} | {:.1} | {:.1} | {:.1} | {span:.1} |",
+        quantile(&mut delays, 0.5),
+        quantile(&mut delays, 0.99),
+        quantile(&mut delays, 1.0)
+    );
+    if received < killed {
+        bail!("{} OOM kills never reached the webhook", killed - received);
+    }
+    Ok(())
 }
 
 /// Nearest-rank quantile; NaN when there are no samples.

@@ -33,7 +33,7 @@ enum Task {
     },
     /// Set up, then run a benchmark (default: overhead) and print its table (as root).
     Bench {
-        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count).
+        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (50 OOM kills at once).
         which: Option<String>,
     },
     /// Set up, check formatting and lints, build, and run every test.
