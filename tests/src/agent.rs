@@ -203,8 +203,50 @@ impl Agent {
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("events JSON: {e}: {body}"))
     }
 
+    /// Every event the agent holds, oldest first (paged by seq).
+    pub async fn all_events(&self) -> Vec<Event> {
+        let mut events: Vec<Event> = Vec::new();
+        loop {
+            let after = events.last().map_or(0, |e| e.seq);
+            let page = self.events(after).await;
+            if page.is_empty() {
+                return events;
+            }
+            events.extend(page);
+        }
+    }
+
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The agent's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT, ...) to the agent, without waiting.
+    pub fn signal(&self, signal: i32) {
+        let pid = self.pid().expect("the agent runs");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(
+            unsafe { libc::kill(pid as i32, signal) },
+            0,
+            "kill {signal}"
+        );
+    }
+
+    /// SIGKILLs the agent and reaps it: no drain, no clean shutdown.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL the agent");
+            child.wait().expect("reap the agent");
+        }
+    }
+
+    /// An HTTP client with the agent's timeout, for concurrent requests.
+    pub fn client(&self) -> reqwest::Client {
+        self.client.clone()
     }
 
     /// Sends SIGTERM and waits for a clean exit; returns the exit code.

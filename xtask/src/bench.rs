@@ -19,7 +19,10 @@ const ROUNDS: usize = 5;
 pub fn run(which: Option<&str>) -> anyhow::Result<()> {
     match which {
         None | Some("overhead") => overhead(),
-        Some(other) => bail!("unknown benchmark `{other}` (known: overhead)"),
+        Some("delay") => crate::bench_delay::delay(),
+        Some("idle") => crate::bench_idle::idle(),
+        Some("storm") => crate::bench_delay::storm(),
+        Some(other) => bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm)"),
     }
 }
 
@@ -157,13 +160,13 @@ fn median(samples: &mut [f64]) -> f64 {
 }
 
 /// `memwatch run` on a free loopback port, ready; stopped on drop.
-struct Agent {
+pub struct Agent {
     child: Child,
-    port: u16,
+    pub port: u16,
 }
 
 impl Agent {
-    fn start(bin: &std::path::Path, extra: &[&str]) -> anyhow::Result<Agent> {
+    pub fn start(bin: &std::path::Path, extra: &[&str]) -> anyhow::Result<Agent> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let state = std::env::temp_dir().join(format!("memwatch-bench-{port}"));
         let child = Command::new(bin)
@@ -191,6 +194,12 @@ impl Agent {
     }
 }
 
+impl Agent {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         // SAFETY: kill(2) to our own child; SIGTERM lets it drain and exit.
@@ -207,7 +216,7 @@ fn ready(port: u16) -> bool {
 }
 
 /// A bare HTTP/1.0 GET on loopback (xtask keeps no HTTP client): the whole answer.
-fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;

@@ -7,6 +7,8 @@
 //! - `image`: setup, release build, and the OCI image (buildah, no registry).
 
 mod bench;
+mod bench_delay;
+mod bench_idle;
 mod setup;
 mod shell;
 mod test;
@@ -32,7 +34,7 @@ enum Task {
     },
     /// Set up, then run a benchmark (default: overhead) and print its table (as root).
     Bench {
-        /// Which benchmark: `overhead`.
+        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (50 OOM kills at once).
         which: Option<String>,
     },
     /// Set up, build (release) and write the OCI image to target/memwatch.oci.tar (as root, needs buildah).

@@ -418,3 +418,5 @@ async fn mutating_routes_need_the_token_when_one_is_set() {
     assert_eq!(get(&state, "/v1/status").await.0, StatusCode::OK);
     assert_eq!(get(&state, "/health").await.0, StatusCode::OK);
 }
+
+mod properties;

@@ -1,0 +1,105 @@
+//! The kernel ring buffer (EVENTS_RING_BYTES) overflows while the agent's
+//! reader is stopped (SIGSTOP): the loss is counted in the kernel and in the
+//! metrics, and /health says `degraded`, naming it. Root only; never
+//! skipped in CI.
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use agent_common::{CgroupRecord, EVENTS_RING_BYTES};
+use memwatch_tests::{agent::Agent, kernel_tests_enabled};
+
+/// Each mkdir and each rmdir writes one CgroupRecord (plus an 8-byte
+/// header); twice the ring's worth of records is sure to overflow it.
+fn cgroups_to_churn() -> usize {
+    let record = size_of::<CgroupRecord>() + 8;
+    EVENTS_RING_BYTES as usize / record + 64
+}
+
+/// The value of the metric line that starts with `prefix`, or 0.
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// SIGCONTs the agent even when the test fails half way.
+struct Resume<'a>(&'a Agent);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        self.0.signal(libc::SIGCONT);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_ring_buffer_is_counted_and_degrades_health() {
+    if !kernel_tests_enabled("a_full_ring_buffer_is_counted_and_degrades_health") {
+        return;
+    }
+    let agent = Agent::start(&[]).await;
+    let (_, metrics) = agent.get("/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}"
+        ),
+        0.0,
+        "{metrics}"
+    );
+    let parent = Path::new("/sys/fs/cgroup/memory")
+        .join(format!("memwatch-chaos-ring-{}", std::process::id()));
+    std::fs::create_dir(&parent).expect("a v1 memory cgroup");
+    {
+        agent.signal(libc::SIGSTOP);
+        let _resume = Resume(&agent);
+        let n = cgroups_to_churn();
+        let started = Instant::now();
+        for i in 0..n {
+            let child = parent.join(format!("c{i}"));
+            std::fs::create_dir(&child).expect("mkdir");
+            std::fs::remove_dir(&child).expect("rmdir");
+        }
+        eprintln!("{n} cgroups made and removed in {:?}", started.elapsed());
+    }
+    std::fs::remove_dir(&parent).expect("remove the parent cgroup");
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, metrics) = agent.get("/metrics").await;
+        let kernel = metric(
+            &metrics,
+            "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}",
+        );
+        let dropped = metric(
+            &metrics,
+            "memwatch_events_dropped_total{reason=\"ringbuf_full\"}",
+        );
+        let (code, body) = agent.get("/health").await;
+        let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let named = health["reasons"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|r| r.as_str().is_some_and(|r| r.contains("ring buffer full")))
+        });
+        if kernel > 0.0 && dropped > 0.0 && named {
+            assert_eq!(code, 200, "degraded is still 200: {body}");
+            assert_eq!(health["status"], "degraded", "{body}");
+            assert_eq!(kernel, dropped, "both count the same loss");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no loss reported: kernel {kernel}, dropped {dropped}, health {body}\nlog:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The agent still works after the overflow.
+    let (code, _) = agent
+        .post("/v1/tasks", Some(serde_json::json!({ "task_id": "after" })))
+        .await;
+    assert_eq!(code, 201);
+}

@@ -1,0 +1,481 @@
+//! `cargo xtask bench delay`: how long from the kernel's event (an OOM kill,
+//! a soft-cap crossing) to the event arriving at a local webhook, beside a
+//! plain poller of the cgroup files at 100 ms and 1 s on the same workload.
+//!
+//! The reference time of an OOM kill is the kernel's own stamp, carried in
+//! the event's `time`; of a soft-cap crossing, the moment memhog has touched
+//! the cap (it prints it). Every watcher is measured against the same time.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+use crate::{bench::Agent, shell};
+
+/// Events of each kind measured.
+const EVENTS: usize = 100;
+/// Workloads run at once.
+const BATCH: usize = 10;
+const MIB: u64 = 1 << 20;
+const MEMORY: &str = "/sys/fs/cgroup/memory";
+/// Poll intervals of the comparison pollers.
+const POLLS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
+
+/// Events received by the webhook: (arrival, event JSON).
+type Inbox = Arc<Mutex<Vec<(SystemTime, Value)>>>;
+
+/// A tiny HTTP/1.1 webhook on 127.0.0.1 that answers 204 to every POST.
+fn receiver() -> anyhow::Result<(u16, Inbox)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let inbox: Inbox = Arc::default();
+    let sink = inbox.clone();
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let sink = sink.clone();
+            thread::spawn(move || serve(stream, &sink));
+        }
+    });
+    Ok((port, inbox))
+}
+
+fn serve(stream: std::net::TcpStream, inbox: &Inbox) {
+    let mut writer = match stream.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut length = 0usize;
+        let mut line = String::new();
+        // Request line and headers.
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0u8; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let now = SystemTime::now();
+        if let Ok(json) = serde_json::from_slice::<Value>(&body) {
+            let events = match json {
+                Value::Array(events) => events,
+                one => vec![one],
+            };
+            let mut inbox = inbox.lock().unwrap_or_else(|e| e.into_inner());
+            inbox.extend(events.into_iter().map(|e| (now, e)));
+        }
+        if writer
+            .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Polls `files` every `interval`; records when `crossed(contents)` first holds.
+struct Poller {
+    seen: Arc<Mutex<BTreeMap<PathBuf, SystemTime>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Poller {
+    fn start(interval: Duration, files: Vec<PathBuf>, crossed: fn(&str) -> bool) -> Poller {
+        let seen: Arc<Mutex<BTreeMap<PathBuf, SystemTime>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (seen.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                for file in &files {
+                    if s.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains_key(file)
+                    {
+                        continue;
+                    }
+                    if std::fs::read_to_string(file).is_ok_and(|text| crossed(&text)) {
+                        s.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(file.clone(), SystemTime::now());
+                    }
+                }
+                thread::sleep(interval);
+            }
+        });
+        Poller {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> BTreeMap<PathBuf, SystemTime> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+fn oom_killed(text: &str) -> bool {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
+}
+
+/// Soft cap of the crossing workload.
+const SOFT_CAP: u64 = 32 * MIB;
+
+fn over_soft_cap(text: &str) -> bool {
+    text.trim().parse::<u64>().is_ok_and(|n| n > SOFT_CAP)
+}
+
+/// Per watcher, one delay (ms) per event.
+#[derive(Default)]
+struct Delays {
+    webhook: Vec<f64>,
+    polls: [Vec<f64>; 2],
+    missed: [usize; 3],
+}
+
+pub fn delay() -> anyhow::Result<()> {
+    if !shell::is_root() {
+        bail!("the delay benchmark loads the eBPF probe and makes cgroups: run it as root");
+    }
+    shell::cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "memwatch",
+        "-p",
+        "memwatch-tests",
+        "--bins",
+    ])?;
+    let release = shell::workspace_root().join("target/release");
+    let (port, inbox) = receiver()?;
+    let hook = format!("http://127.0.0.1:{port}/hook");
+    let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;
+    let agent_url = format!("http://127.0.0.1:{}", agent.port);
+
+    let oom = measure(&inbox, "oom_kill", "memory.oom_control", oom_killed, |k| {
+        oom_batch(&release, k)
+    })?;
+    let soft = measure(
+        &inbox,
+        "soft_cap_exceeded",
+        "memory.usage_in_bytes",
+        over_soft_cap,
+        |k| soft_cap_batch(&release, &agent_url, k),
+    )?;
+    drop(agent);
+
+    println!(
+        "\nDetection delay: kernel time stamp -> seen ({EVENTS} events each; {BATCH} workloads at once)\n"
+    );
+    println!("| event | watcher | p50 ms | p99 ms | missed |");
+    println!("|---|---|---|---|---|");
+    for (name, d) in [
+        ("OOM kill (memhog 128 MiB in a 64 MiB cgroup)", oom),
+        (
+            "soft-cap crossing (memwatch exec --soft-cap 32M, memhog 48 MiB)",
+            soft,
+        ),
+    ] {
+        let Delays {
+            webhook,
+            polls: [fast, slow],
+            missed,
+        } = d;
+        let rows = [
+            ("memwatch -> local webhook", webhook, missed[0]),
+            ("poller, 100 ms", fast, missed[1]),
+            ("poller, 1 s", slow, missed[2]),
+        ];
+        for (watcher, mut samples, missed) in rows {
+            println!(
+                "| {name} | {watcher} | {:.1} | {:.1} | {missed} |",
+                quantile(&mut samples, 0.5),
+                quantile(&mut samples, 0.99)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs `batch(k)` (which returns the cgroup directories it used) for each
+/// batch, with the pollers watching `file` in those directories.
+fn measure(
+    inbox: &Inbox,
+    kind: &str,
+    file: &str,
+    crossed: fn(&str) -> bool,
+    mut batch: impl FnMut(usize) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>>,
+) -> anyhow::Result<Delays> {
+    let mut delays = Delays::default();
+    for k in 0..EVENTS / BATCH {
+        let dirs: Vec<PathBuf> = (0..BATCH).map(|j| batch_dir(kind, k, j)).collect();
+        let files: Vec<PathBuf> = dirs.iter().map(|d| d.join(file)).collect();
+        let pollers: Vec<Poller> = POLLS
+            .iter()
+            .map(|i| Poller::start(*i, files.clone(), crossed))
+            .collect();
+        let used = batch(k)?;
+        // Give the slow poller one more interval and the webhook its delivery.
+        thread::sleep(POLLS[1] + Duration::from_millis(200));
+        let seen: Vec<_> = pollers.into_iter().map(Poller::finish).collect();
+        let received = inbox.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (dir, mark) in &used {
+            let cgroup = dir.to_string_lossy();
+            let Some((arrived, event)) = received
+                .iter()
+                .find(|(_, e)| e["kind"] == kind && e["cgroup"].as_str() == Some(&*cgroup))
+            else {
+                delays.missed[0] += 1;
+                continue;
+            };
+            let stamp = event["time"]
+                .as_str()
+                .and_then(|t| humantime::parse_rfc3339(t).ok())
+                .context("event time")?;
+            let kernel = mark.unwrap_or(stamp);
+            delays.webhook.push(ms(kernel, *arrived));
+            for (p, seen) in seen.iter().enumerate() {
+                match seen.get(&dir.join(file)) {
+                    Some(at) => delays.polls[p].push(ms(kernel, *at)),
+                    None => delays.missed[p + 1] += 1,
+                }
+            }
+        }
+        for (dir, _) in used {
+            let _ = std::fs::remove_dir(dir);
+        }
+        eprintln!("xtask: {kind} batch {k} done");
+    }
+    Ok(delays)
+}
+
+fn batch_dir(kind: &str, k: usize, j: usize) -> PathBuf {
+    match kind {
+        "oom_kill" => Path::new(MEMORY).join(format!("memwatch-bench-oom-{k}-{j}")),
+        _ => Path::new(MEMORY).join(format!("memwatch/task-bench-soft-{k}-{j}")),
+    }
+}
+
+/// BATCH memhogs of 128 MiB, each in its own 64 MiB cgroup: each is OOM-killed.
+fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
+    oom_kills(release, k, BATCH)
+}
+
+/// `n` memhogs of 128 MiB started at once, each in its own 64 MiB cgroup.
+fn oom_kills(
+    release: &Path,
+    k: usize,
+    n: usize,
+) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
+    let mut children = Vec::new();
+    let mut dirs = Vec::new();
+    for j in 0..n {
+        let dir = batch_dir("oom_kill", k, j);
+        std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+        std::fs::write(dir.join("memory.limit_in_bytes"), (64 * MIB).to_string())?;
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec {} 128 1",
+                dir.display(),
+                release.join("memhog").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        children.push(child);
+        dirs.push(dir);
+    }
+    wait_all(children, Duration::from_secs(20))?;
+    Ok(dirs.into_iter().map(|d| (d, None)).collect())
+}
+
+/// BATCH `memwatch exec --soft-cap 32M -- memhog 48 2`: each crosses once.
+/// The reference is memhog's own mark when it has touched 32 MiB (the
+/// kernel stamps the crossing only at its next check, and the cgroup's
+/// usage counts page cache that RSS does not).
+fn soft_cap_batch(
+    release: &Path,
+    agent: &str,
+    k: usize,
+) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
+    let children = (0..BATCH)
+        .map(|j| {
+            Command::new(release.join("memwatch"))
+                .args(["exec", "--agent", agent, "--soft-cap", "32M"])
+                .args(["--task-id", &format!("bench-soft-{k}-{j}"), "--"])
+                .arg(release.join("memhog"))
+                .args(["48", "2"])
+                .env("MEMHOG_MARK_MIB", "32")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut marks = Vec::new();
+    for (j, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output()?;
+        let mark = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("mark "))
+            .and_then(|ns| ns.trim().parse::<u64>().ok())
+            .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns));
+        marks.push((batch_dir("soft_cap_exceeded", k, j), mark));
+    }
+    Ok(marks)
+}
+
+fn wait_all(children: Vec<std::process::Child>, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    for mut child in children {
+        loop {
+            if child.try_wait()?.is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("a workload ran past {timeout:?}");
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    Ok(())
+}
+
+fn ms(from: SystemTime, to: SystemTime) -> f64 {
+    match to.duration_since(from) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
+
+/// Processes OOM-killed at once in `cargo xtask bench storm`.
+const STORM: usize = 50;
+
+/// `cargo xtask bench storm`: STORM OOM kills at once; every one must reach
+/// the webhook. Prints the delay spread and the time to the last one.
+pub fn storm() -> anyhow::Result<()> {
+    if !shell::is_root() {
+        bail!("the storm benchmark loads the eBPF probe and makes cgroups: run it as root");
+    }
+    shell::cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "memwatch",
+        "-p",
+        "memwatch-tests",
+        "--bins",
+    ])?;
+    let release = shell::workspace_root().join("target/release");
+    let (port, inbox) = receiver()?;
+    let hook = format!("http://127.0.0.1:{port}/hook");
+    let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;
+    let used = oom_kills(&release, 999, STORM)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut delays = Vec::new();
+    let (mut first, mut last) = (None::<SystemTime>, None::<SystemTime>);
+    loop {
+        let received = inbox.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let found: Vec<_> = used
+            .iter()
+            .filter_map(|(dir, _)| {
+                received.iter().find(|(_, e)| {
+                    e["kind"] == "oom_kill" && e["cgroup"].as_str() == Some(&*dir.to_string_lossy())
+                })
+            })
+            .collect();
+        if found.len() == used.len() || Instant::now() > deadline {
+            for (arrived, event) in &found {
+                let stamp = event["time"]
+                    .as_str()
+                    .and_then(|t| humantime::parse_rfc3339(t).ok())
+                    .context("event time")?;
+                delays.push(ms(stamp, *arrived));
+                first = Some(first.map_or(stamp, |f| f.min(stamp)));
+                last = Some(last.map_or(*arrived, |l| l.max(*arrived)));
+            }
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    drop(agent);
+    let killed = used
+        .iter()
+        .filter(|(dir, _)| {
+            std::fs::read_to_string(dir.join("memory.oom_control")).is_ok_and(|t| oom_killed(&t))
+        })
+        .count();
+    for (dir, _) in &used {
+        let _ = std::fs::remove_dir(dir);
+    }
+    println!(
+        "\nOOM storm: {STORM} memhogs (128 MiB) started at once, each in its own 64 MiB cgroup\n"
+    );
+    println!(
+        "| OOM kills (cgroup counters) | oom_kill events at the webhook | p50 ms | p99 ms | max ms | first kill -> last arrival ms |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let span = match (first, last) {
+        (Some(f), Some(l)) => ms(f, l),
+        _ => f64::NAN,
+    };
+    let received = delays.len();
+    println!(
+        "| {killed} | {received} | {:.1} | {:.1} | {:.1} | {span:.1} |",
+        quantile(&mut delays, 0.5),
+        quantile(&mut delays, 0.99),
+        quantile(&mut delays, 1.0)
+    );
+    if received < killed {
+        bail!("{} OOM kills never reached the webhook", killed - received);
+    }
+    Ok(())
+}
+
+/// Nearest-rank quantile; NaN when there are no samples.
+pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+    samples[rank - 1]
+}
