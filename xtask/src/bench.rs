@@ -29,20 +29,7 @@ pub fn run(which: Option<&str>) -> anyhow::Result<()> {
 /// Probe overhead on a page-fault-heavy workload: no agent vs the agent
 /// with its default probe attached.
 fn overhead() -> anyhow::Result<()> {
-    if !shell::is_root() {
-        bail!("the overhead benchmark loads the eBPF probe: run it as root");
-    }
-    shell::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "memwatch",
-        "-p",
-        "memwatch-tests",
-        "--bins",
-    ])?;
-    let release = shell::workspace_root().join("target/release");
+    let release = release_bins("the overhead benchmark loads the eBPF probe")?;
     let faultbench = release.join("faultbench");
     let memwatch = release.join("memwatch");
 
@@ -135,6 +122,25 @@ fn program_cost(
         value("memwatch_probe_program_runs_total"),
         value("memwatch_probe_program_run_seconds_total"),
     ))
+}
+
+/// Checks for root (saying why `what` needs it), builds the agent and the
+/// workload binaries in release, and returns their directory.
+pub fn release_bins(what: &str) -> anyhow::Result<std::path::PathBuf> {
+    if !shell::is_root() {
+        bail!("{what}: run it as root");
+    }
+    shell::cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "memwatch",
+        "-p",
+        "memwatch-tests",
+        "--bins",
+    ])?;
+    Ok(shell::workspace_root().join("target/release"))
 }
 
 fn time_workload(bin: &std::path::Path) -> anyhow::Result<f64> {

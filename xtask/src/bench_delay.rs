@@ -23,7 +23,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::{bench::Agent, shell};
+use crate::bench::{Agent, release_bins};
 
 /// Events of each kind measured.
 const EVENTS: usize = 100;
@@ -168,20 +168,7 @@ struct Delays {
 }
 
 pub fn delay() -> anyhow::Result<()> {
-    if !shell::is_root() {
-        bail!("the delay benchmark loads the eBPF probe and makes cgroups: run it as root");
-    }
-    shell::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "memwatch",
-        "-p",
-        "memwatch-tests",
-        "--bins",
-    ])?;
-    let release = shell::workspace_root().join("target/release");
+    let release = release_bins("the delay benchmark loads the eBPF probe and makes cgroups")?;
     let (port, inbox) = receiver()?;
     let hook = format!("http://127.0.0.1:{port}/hook");
     let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;
@@ -391,20 +378,7 @@ const STORM: usize = 50;
 /// `cargo xtask bench storm`: STORM OOM kills at once; every one must reach
 /// the webhook. Prints the delay spread and the time to the last one.
 pub fn storm() -> anyhow::Result<()> {
-    if !shell::is_root() {
-        bail!("the storm benchmark loads the eBPF probe and makes cgroups: run it as root");
-    }
-    shell::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "memwatch",
-        "-p",
-        "memwatch-tests",
-        "--bins",
-    ])?;
-    let release = shell::workspace_root().join("target/release");
+    let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
     let (port, inbox) = receiver()?;
     let hook = format!("http://127.0.0.1:{port}/hook");
     let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;

@@ -8,9 +8,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
-use crate::{bench::Agent, shell};
+use crate::bench::{Agent, release_bins};
 
 const COUNTS: [usize; 3] = [100, 1_000, 10_000];
 /// Time left to the agent after start (its first walk of the hierarchy).
@@ -31,11 +31,8 @@ impl Drop for Cgroups {
 }
 
 pub fn idle() -> anyhow::Result<()> {
-    if !shell::is_root() {
-        bail!("the idle benchmark loads the eBPF probe and makes cgroups: run it as root");
-    }
-    shell::cargo(&["build", "--release", "--locked", "-p", "memwatch", "--bins"])?;
-    let memwatch = shell::workspace_root().join("target/release/memwatch");
+    let memwatch =
+        release_bins("the idle benchmark loads the eBPF probe and makes cgroups")?.join("memwatch");
     let ticks = clock_ticks();
     let mut rows = Vec::new();
     for count in COUNTS {
