@@ -7,7 +7,9 @@ use std::{
 };
 
 use memwatch::event::{Event, EventKind};
-use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, workspace_bin};
+use memwatch_tests::{
+    agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, kernel_tests_enabled, workspace_bin,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -354,36 +356,10 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
     // Sampling once a minute: only the kernel's growth program can be quick.
     let agent = Agent::start_with_config("sample_interval = \"60s\"\n").await;
     tokio::time::sleep(Duration::from_millis(200)).await; // past the first sampling round
-    let memhog = workspace_bin("memhog");
     // The mark comes at 60 MiB touched, before the 64 MiB cap is crossed
     // (the process's own pages add a little): the delay measured is an
     // upper bound.
-    let out = Command::new(workspace_bin("memwatch"))
-        .args([
-            "exec",
-            "--agent",
-            &agent.base_url,
-            "--soft-cap",
-            "64M",
-            "--task-id",
-            "t-k",
-            "--",
-        ])
-        .args([memhog.to_str().unwrap(), "128", "1"])
-        .env("MEMHOG_MARK_MIB", "60")
-        .output()
-        .expect("memwatch exec");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let mark_ns: i64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("mark "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("memhog printed no mark: {stdout}"));
+    let mark_ns = exec_memhog_with_mark(&agent.base_url, "64M", "t-k", 128, 60);
     let crossing = agent
         .wait_for_event(Duration::from_secs(2), "soft_cap_exceeded", |e| {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-k")

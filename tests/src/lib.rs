@@ -51,3 +51,37 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
+
+/// Runs `memwatch exec --agent <agent> --soft-cap <cap> --task-id <task> --
+/// memhog <mib> 1` with `MEMHOG_MARK_MIB=<mark>`, asserts it succeeded, and
+/// returns the wall-clock time (Unix nanoseconds) memhog printed when it had
+/// touched `mark` MiB.
+pub fn exec_memhog_with_mark(agent: &str, cap: &str, task: &str, mib: u32, mark: u32) -> i64 {
+    let out = std::process::Command::new(workspace_bin("memwatch"))
+        .args([
+            "exec",
+            "--agent",
+            agent,
+            "--soft-cap",
+            cap,
+            "--task-id",
+            task,
+            "--",
+        ])
+        .arg(workspace_bin("memhog"))
+        .args([mib.to_string(), "1".into()])
+        .env("MEMHOG_MARK_MIB", mark.to_string())
+        .output()
+        .expect("memwatch exec");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("mark "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("memhog printed no mark: {stdout}"))
+}
