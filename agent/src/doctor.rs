@@ -46,7 +46,8 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
     match &kernel_btf {
         Ok(b) => {
             rows.push(check("BTF", State::Ok, btf_path.display().to_string()));
-            rows.push(match btf::kernel_offsets(b) {
+            let offsets = btf::kernel_offsets(b);
+            rows.push(match &offsets {
                 Ok(_) => check(
                     "struct offsets",
                     State::Ok,
@@ -67,7 +68,8 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
                 ),
                 Err(e) => check("oom/mark_victim", State::Fail, e.to_string()),
             });
-            let mut growth = btf::kernel_offsets(b).unwrap_or_default();
+            // Resolving offsets walks every BTF type once: reuse the result.
+            let mut growth = offsets.unwrap_or_default();
             rows.push(match btf::growth_offsets(b, &mut growth) {
                 Ok(()) => check(
                     "growth offsets",
