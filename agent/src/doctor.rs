@@ -85,10 +85,10 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
             for point in [
                 programs::CGROUP_MKDIR,
                 programs::CGROUP_RMDIR,
-                programs::RSS_STAT,
+                programs::GROWTH,
             ] {
-                let category = if point.tracepoint == "rss_stat" {
-                    "kmem"
+                let category = if point.tracepoint == programs::GROWTH.tracepoint {
+                    "sched"
                 } else {
                     "cgroup"
                 };

@@ -66,9 +66,9 @@ fn overhead() -> anyhow::Result<()> {
             &memwatch,
             &faultbench,
             &["--probe-floor"],
-            "rss_stat_floor_btf",
+            "growth_floor_btf",
         )?,
-        program_cost(&memwatch, &faultbench, &[], "rss_stat_btf")?,
+        program_cost(&memwatch, &faultbench, &[], "growth_btf")?,
     ];
     let floor = median(&mut times[1].clone());
     println!("| configuration | median time | ratio vs no agent | ratio vs empty program |");
@@ -78,7 +78,7 @@ fn overhead() -> anyhow::Result<()> {
         println!("| {name} | {m:.3} s | {:.3} | {:.3} |", m / base, m / floor);
     }
     println!(
-        "\nCost of the program on `rss_stat` itself (kernel run-time statistics, one faultbench run):\n"
+        "\nCost of the growth program itself (kernel run-time statistics, one faultbench run):\n"
     );
     println!("| program | runs | ns per run |");
     println!("|---|---|---|");

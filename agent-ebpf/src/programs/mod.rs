@@ -2,4 +2,4 @@
 
 pub mod cgroup_lifecycle;
 pub mod oom_mark_victim;
-pub mod rss_growth;
+pub mod growth;

@@ -75,7 +75,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     })
 }
 
-/// Offsets the growth program (`rss_stat`) needs on top of the others:
+/// Offsets the growth program (`sched_stat_runtime`) needs on top of the others:
 /// `mm->owner` (CONFIG_MEMCG), the css parent, and the memory cgroup's
 /// `page_counter` usage.
 pub fn growth_offsets(btf: &Btf, offsets: &mut KernelOffsets) -> Result<(), BtfError> {

@@ -85,7 +85,7 @@ impl AttachKind {
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeOptions {
     pub growth: GrowthSettings,
-    /// Benchmarks only: an empty program on `rss_stat` instead of the
+    /// Benchmarks only: an empty program on the growth hook instead of the
     /// growth program, to measure the hook's own cost.
     pub floor: bool,
     /// Turn on the kernel's run-time statistics (`kernel.bpf_stats_enabled`)
@@ -191,8 +191,8 @@ impl EbpfProbe {
             programs::OOM_MARK_VICTIM,
         ];
         match &growth_unavailable {
-            None if options.floor => points.push(programs::RSS_STAT_FLOOR),
-            None => points.push(programs::RSS_STAT),
+            None if options.floor => points.push(programs::GROWTH_FLOOR),
+            None => points.push(programs::GROWTH),
             Some(reason) => warn!(%reason, "memory growth is followed by sampling only"),
         }
         for point in points {
@@ -282,7 +282,7 @@ impl EbpfProbe {
     /// The programs' counters, summed over CPUs, in [`ProbeCounter::ALL`] order.
     pub fn kernel_counters(&self) -> [u64; ProbeCounter::COUNT as usize] {
         ProbeCounter::ALL.map(|c| match (c, &self.fast_path) {
-            (ProbeCounter::RssEvents, Some(fast)) => fast
+            (ProbeCounter::GrowthRuns, Some(fast)) => fast
                 .get(&0, 0)
                 .map(|per_cpu| per_cpu.iter().map(|f| f.events).sum())
                 .unwrap_or(0),
