@@ -398,7 +398,9 @@ async fn a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once() {
         })
         .await;
     let delay_ms = (crossing.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6;
-    println!("crossed then slept → soft_cap_exceeded event: {delay_ms:.1} ms after the 63 MiB mark");
+    println!(
+        "crossed then slept → soft_cap_exceeded event: {delay_ms:.1} ms after the 63 MiB mark"
+    );
     assert!(
         delay_ms < 50.0,
         "soft_cap_exceeded {delay_ms:.1} ms after the allocation crossed the cap"

@@ -1,5 +1,5 @@
 //! One attach point per file.
 
 pub mod cgroup_lifecycle;
-pub mod oom_mark_victim;
 pub mod growth;
+pub mod oom_mark_victim;
