@@ -97,7 +97,20 @@ pub fn storm() -> anyhow::Result<()> {
     let cpu_before = cpu_ticks(agent.pid())?;
     let started = Instant::now();
     let stop = AtomicBool::new(false);
-    let children: Vec<Child> = thread::scope(|scope| {
+    let stop_rss = AtomicBool::new(false);
+    let agent_pid = agent.pid();
+    let (children, storm_rss_kib) = thread::scope(|scope| {
+        // The agent's RSS through the storm (VmHWM also holds the probe's
+        // load at start, a transient of its own).
+        let stop_rss = &stop_rss;
+        let rss = scope.spawn(move || {
+            let mut peak = 0;
+            while !stop_rss.load(Ordering::Relaxed) {
+                peak = peak.max(status_kib(agent_pid, "VmRSS:").unwrap_or(0));
+                thread::sleep(Duration::from_millis(250));
+            }
+            peak
+        });
         let workers: Vec<_> = (0..WORKERS)
             .map(|w| {
                 let dirs = cgroups.0[w * CGROUPS_PER_WORKER..(w + 1) * CGROUPS_PER_WORKER].to_vec();
@@ -106,17 +119,26 @@ pub fn storm() -> anyhow::Result<()> {
             })
             .collect();
         let mut all = Vec::new();
+        let mut failed = None;
         for handle in workers {
             match handle.join() {
                 Ok(Ok(children)) => all.extend(children),
                 Ok(Err(error)) => {
                     stop.store(true, Ordering::Relaxed);
-                    return Err(error);
+                    failed = Some(error);
                 }
-                Err(_) => bail!("a storm worker panicked"),
+                Err(_) => {
+                    stop.store(true, Ordering::Relaxed);
+                    failed = Some(anyhow::anyhow!("a storm worker panicked"));
+                }
             }
         }
-        Ok(all)
+        stop_rss.store(true, Ordering::Relaxed);
+        let peak = rss.join().unwrap_or(0);
+        match failed {
+            Some(error) => Err(error),
+            None => Ok((all, peak)),
+        }
     })?;
     let storm_secs = started.elapsed().as_secs_f64();
     let cpu_storm = cpu_ticks(agent.pid())?;
@@ -216,15 +238,16 @@ pub fn storm() -> anyhow::Result<()> {
          paced to {TARGET_PER_MINUTE}/min for {DURATION:?}; webhook on 127.0.0.1\n"
     );
     println!(
-        "| OOM kills (children SIGKILLed) | cgroup oom_kill counters | kills/min | delivered | lost | duplicates | misattributed | not ours | p50 ms | p99 ms | agent CPU % of a core (storm / storm+drain) | agent RSS MiB (now / peak) |"
+        "| OOM kills (children SIGKILLed) | cgroup oom_kill counters | kills/min | delivered | lost | duplicates | misattributed | not ours | p50 ms | p99 ms | agent CPU % of a core (storm / storm+drain) | agent RSS MiB (after / storm peak / life peak) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {kills} | {counters} | {per_minute:.0} | {delivered} | {lost} | {} | {misattributed} | {foreign} | {:.1} | {:.1} | {cpu_during:.1} / {cpu_total:.1} | {:.1} / {:.1} |",
+        "| {kills} | {counters} | {per_minute:.0} | {delivered} | {lost} | {} | {misattributed} | {foreign} | {:.1} | {:.1} | {cpu_during:.1} / {cpu_total:.1} | {:.1} / {:.1} / {:.1} |",
         repeated_ids + reported_twice,
         quantile(&mut delays, 0.5),
         quantile(&mut delays, 0.99),
         rss_kib as f64 / 1024.0,
+        storm_rss_kib as f64 / 1024.0,
         hwm_kib as f64 / 1024.0,
     );
     let span = match (first, last) {
