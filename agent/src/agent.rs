@@ -2,7 +2,8 @@
 //! and shuts them down in order.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeSet, HashMap},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -53,9 +54,14 @@ use crate::{
 /// How often the kernel-side counters are read into metrics and health,
 /// and events held in memory are retried to disk.
 const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
-/// How often the kernel's OOM counters are saved (for reconcile.rs): a kill
-/// seen live less than this long before a crash may be reported again.
+/// How often the OOM counters of cgroups with a live kill are read again and
+/// saved (for reconcile.rs): a kill seen live less than this long before a
+/// crash may be reported again.
 const OOM_COUNTS_INTERVAL: Duration = Duration::from_secs(5);
+/// How often every memory cgroup's OOM counter is read (a walk of the whole
+/// hierarchy, costly with thousands of cgroups): picks up kills no live
+/// event named and forgets removed cgroups. Also done at start and at exit.
+const OOM_RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 /// How often expired events are removed from the outbox.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How long open HTTP requests may finish after SIGTERM.
@@ -244,7 +250,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     outbox.append(started, None);
     // After the probe is attached: a kill in between is reported twice
     // (live and recovered) rather than not at all.
-    let mut oom_counts = report_missed_oom_kills(&hierarchy, &outbox, &metrics).await?;
+    let (mut oom_counts, mut oom_unsaved) =
+        report_missed_oom_kills(&hierarchy, &outbox, &metrics).await?;
     shippers.push(tokio::spawn(heartbeat::run(
         outbox.clone(),
         config.heartbeat_interval,
@@ -270,10 +277,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .unwrap_or_else(|e| e.into_inner())
             .growth_unavailable = Some(reason.to_string());
     }
-    let sampling = tokio::spawn(sample_forever(monitor, config.sample_interval));
+    let sampling = tokio::spawn(sample_forever(monitor.clone(), config.sample_interval));
 
     let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
     let mut oom_ticker = tokio::time::interval(OOM_COUNTS_INTERVAL);
+    let mut oom_rescan =
+        tokio::time::interval_at(Instant::now() + OOM_RESCAN_INTERVAL, OOM_RESCAN_INTERVAL);
     let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
     let mut last = [0u64; ProbeCounter::COUNT as usize];
     let mut last_runs: HashMap<String, (u64, u64)> = HashMap::new();
@@ -301,7 +310,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
             _ = expiry.tick() => outbox.prune_expired(chrono::Utc::now()),
             _ = oom_ticker.tick() => {
-                save_oom_counts(&hierarchy, &outbox, &mut oom_counts).await;
+                let killed = monitor.take_oom_cgroups();
+                if !killed.is_empty() || oom_unsaved {
+                    save_oom_counts(&outbox, &mut oom_counts, &mut oom_unsaved, OomScan::Cgroups(killed)).await;
+                }
+            }
+            _ = oom_rescan.tick() => {
+                save_oom_counts(&outbox, &mut oom_counts, &mut oom_unsaved, OomScan::Full).await;
             }
         }
     }
@@ -317,7 +332,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for task in shippers {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
     }
-    save_oom_counts(&hierarchy, &outbox, &mut oom_counts).await;
+    save_oom_counts(&outbox, &mut oom_counts, &mut oom_unsaved, OomScan::Full).await;
     if !outbox.maintain() {
         warn!(
             pending = outbox.status().pending,
@@ -395,12 +410,12 @@ async fn sample_forever(monitor: Arc<Monitor>, interval: Duration) {
 }
 
 /// Reports the OOM kills the kernel counted while the agent was down, saves
-/// the counters, and returns them.
+/// the counters, and returns them (and true when the save failed).
 async fn report_missed_oom_kills(
     hierarchy: &MemoryHierarchy,
     outbox: &Outbox,
     metrics: &Metrics,
-) -> anyhow::Result<BTreeMap<String, u64>> {
+) -> anyhow::Result<(reconcile::OomCounters, bool)> {
     let h = hierarchy.clone();
     let counts = tokio::task::spawn_blocking(move || reconcile::read_oom_counts(&h))
         .await
@@ -416,23 +431,43 @@ async fn report_missed_oom_kills(
             "OOM kill while the agent was not running"
         );
     }
-    outbox.save_oom_counts(&counts);
-    Ok(counts)
+    let counters = reconcile::OomCounters::new(hierarchy.clone(), counts);
+    let saved = outbox.save_oom_counts(counters.counts());
+    Ok((counters, !saved))
 }
 
-/// Saves the kernel's OOM counters when they changed since `last`.
+/// Which OOM counters to read before saving.
+enum OomScan {
+    /// Those of the cgroups where kills were seen.
+    Cgroups(BTreeSet<PathBuf>),
+    /// Every memory cgroup's.
+    Full,
+}
+
+/// Reads the OOM counters `scan` names and saves them when they changed
+/// (or an earlier save failed: `unsaved`).
 async fn save_oom_counts(
-    hierarchy: &MemoryHierarchy,
     outbox: &Outbox,
-    last: &mut BTreeMap<String, u64>,
+    counters: &mut reconcile::OomCounters,
+    unsaved: &mut bool,
+    scan: OomScan,
 ) {
-    let h = hierarchy.clone();
-    let Ok(counts) = tokio::task::spawn_blocking(move || reconcile::read_oom_counts(&h)).await
-    else {
+    let mut copy = counters.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let changed = match &scan {
+            OomScan::Cgroups(cgroups) => copy.refresh(cgroups),
+            OomScan::Full => copy.rescan(),
+        };
+        (copy, changed)
+    })
+    .await;
+    let Ok((copy, changed)) = read else {
         return;
     };
-    if counts != *last && outbox.save_oom_counts(&counts) {
-        *last = counts;
+    *counters = copy;
+    *unsaved |= changed;
+    if *unsaved && outbox.save_oom_counts(counters.counts()) {
+        *unsaved = false;
     }
 }
 

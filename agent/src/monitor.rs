@@ -3,7 +3,7 @@
 //! by the HTTP API, the sampling loop and the OOM pipeline.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard, OnceLock},
@@ -50,6 +50,9 @@ pub struct Monitor {
     sample_now: Arc<Notify>,
     /// The kernel's usage of watched cgroups at their last line, by id.
     kernel_usage: Mutex<HashMap<u64, u64>>,
+    /// Cgroups with an OOM kill since [`Monitor::take_oom_cgroups`]: the
+    /// only OOM counters the agent needs to read again before saving them.
+    oom_cgroups: Mutex<BTreeSet<PathBuf>>,
 }
 
 impl Monitor {
@@ -83,6 +86,7 @@ impl Monitor {
             kernel_caps: Mutex::default(),
             sample_now: Arc::new(Notify::new()),
             kernel_usage: Mutex::default(),
+            oom_cgroups: Mutex::default(),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -264,10 +268,21 @@ impl Monitor {
         cgroup: Option<&Path>,
         pid: u32,
     ) -> (Option<String>, Option<String>, Vec<EventBody>) {
+        if let Some(cgroup) = cgroup {
+            self.oom_cgroups
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(cgroup.to_path_buf());
+        }
         let mut watchdog = self.lock();
         let attributed = watchdog.attribute_oom(cgroup, pid, Instant::now());
         self.publish_gauges(&watchdog);
         attributed
+    }
+
+    /// The cgroups of the OOM kills seen since the last call.
+    pub fn take_oom_cgroups(&self) -> BTreeSet<PathBuf> {
+        std::mem::take(&mut *self.oom_cgroups.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Appends events to the outbox and counts them.

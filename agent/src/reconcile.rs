@@ -6,9 +6,17 @@
 //! at start it compares them with the kernel's and reports each cgroup
 //! whose counter grew as an `oom_kill` event whose `reason` says it was
 //! recovered after the fact (the victim's pid and name are not known).
+//!
+//! Reading every counter means opening a file in every memory cgroup, which
+//! on a host with 10,000 cgroups costs a good part of a core for a moment.
+//! So the saved copy ([`OomCounters`]) is walked in full only at start, at
+//! shutdown and at a long interval; in between, only the cgroups where a
+//! kill was just seen (live, from the probe or the poll source) are read
+//! again. Only non-zero counters are kept: a cgroup missing from the saved
+//! copy counts as 0, so the result is the same.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
 };
@@ -50,6 +58,59 @@ pub fn read_oom_counts(hierarchy: &MemoryHierarchy) -> BTreeMap<String, u64> {
             }
         }
     }
+    counts
+}
+
+/// The agent's copy of the kernel's OOM-kill counters, the one it saves:
+/// non-zero counters only, by cgroup path.
+#[derive(Clone, Debug)]
+pub struct OomCounters {
+    hierarchy: MemoryHierarchy,
+    counts: BTreeMap<String, u64>,
+}
+
+impl OomCounters {
+    /// A copy of `counts` (a full reading), without the zeros.
+    pub fn new(hierarchy: MemoryHierarchy, counts: BTreeMap<String, u64>) -> Self {
+        Self {
+            hierarchy,
+            counts: nonzero(counts),
+        }
+    }
+
+    /// What to save.
+    pub fn counts(&self) -> &BTreeMap<String, u64> {
+        &self.counts
+    }
+
+    /// Reads the counters of `cgroups` again (where kills were just seen);
+    /// a cgroup gone since is dropped. True when anything changed.
+    pub fn refresh(&mut self, cgroups: &BTreeSet<PathBuf>) -> bool {
+        let mut changed = false;
+        for dir in cgroups {
+            let key = dir.display().to_string();
+            let now = oom_kills(dir, self.hierarchy.version).filter(|&k| k > 0);
+            let was = match now {
+                Some(kills) => self.counts.insert(key, kills),
+                None => self.counts.remove(&key),
+            };
+            changed |= was != now;
+        }
+        changed
+    }
+
+    /// Walks the whole hierarchy (kills no live event named, cgroups
+    /// removed since). True when anything changed.
+    pub fn rescan(&mut self) -> bool {
+        let now = nonzero(read_oom_counts(&self.hierarchy));
+        let changed = now != self.counts;
+        self.counts = now;
+        changed
+    }
+}
+
+fn nonzero(mut counts: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    counts.retain(|_, kills| *kills > 0);
     counts
 }
 
@@ -141,6 +202,66 @@ mod tests {
         assert_eq!(counts.len(), 2, "{counts:?}");
         assert_eq!(counts[&dir.path().display().to_string()], 4);
         assert_eq!(counts[&job.display().to_string()], 1);
+    }
+
+    #[test]
+    fn counters_are_kept_current_from_the_cgroups_named_and_by_a_rescan() {
+        let (dir, h) = hierarchy(CgroupVersion::V1);
+        let control = |path: &Path, kills: u64| {
+            fs::create_dir_all(path).unwrap();
+            fs::write(
+                path.join("memory.oom_control"),
+                format!("oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n"),
+            )
+            .unwrap();
+        };
+        let (a, b, c) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        control(dir.path(), 0);
+        control(&a, 1);
+        control(&b, 0);
+        let mut counters = OomCounters::new(h.clone(), read_oom_counts(&h));
+        let key = |p: &Path| p.display().to_string();
+        assert_eq!(
+            counters.counts(),
+            &BTreeMap::from([(key(&a), 1)]),
+            "zeros are not kept"
+        );
+
+        control(&a, 3);
+        control(&b, 2);
+        control(&c, 5);
+        assert!(counters.refresh(&BTreeSet::from([b.clone()])));
+        assert_eq!(
+            counters.counts(),
+            &BTreeMap::from([(key(&a), 1), (key(&b), 2)]),
+            "only the cgroups named are read"
+        );
+        assert!(!counters.refresh(&BTreeSet::from([b.clone()])), "unchanged");
+
+        fs::remove_file(b.join("memory.oom_control")).unwrap();
+        fs::remove_dir(&b).unwrap();
+        assert!(counters.refresh(&BTreeSet::from([b.clone()])));
+        assert_eq!(
+            counters.counts(),
+            &BTreeMap::from([(key(&a), 1)]),
+            "b is gone"
+        );
+
+        assert!(counters.rescan());
+        assert_eq!(
+            counters.counts(),
+            &BTreeMap::from([(key(&a), 3), (key(&c), 5)]),
+            "the rescan finds what no event named"
+        );
+        assert!(!counters.rescan());
+        assert!(
+            recovered_kills(Some(counters.counts()), &read_oom_counts(&h)).is_empty(),
+            "nothing to recover from an up-to-date copy"
+        );
     }
 
     #[test]

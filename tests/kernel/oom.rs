@@ -293,6 +293,58 @@ async fn oom_kill_while_the_agent_was_down_is_reported_at_the_next_start() {
 }
 
 #[tokio::test]
+async fn a_kill_seen_live_is_not_recovered_again_after_the_agent_is_sigkilled() {
+    if !kernel_tests_enabled("a_kill_seen_live_is_not_recovered_again_after_the_agent_is_sigkilled")
+    {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let live = TestCgroup::create("seenlive");
+    live.limit(64 * MIB);
+    let missed = TestCgroup::create("missedwhiledown");
+    missed.limit(64 * MIB);
+    let memhog = format!("{} 200 30", workspace_bin("memhog").display());
+    let mut agent = Agent::start_in(state.path(), &[]).await;
+    let (pid, _) = oom_in(live.exec_line(&memhog));
+    oom_event_of(&agent, pid).await;
+    // The agent reads again and saves the counters of cgroups with a live
+    // kill every 5 s (agent.rs), not only at a clean exit: none here.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    agent.kill();
+
+    // A kill while no agent runs: the control that the next start reconciles.
+    oom_in(missed.exec_line(&memhog));
+    let agent = Agent::start_in(state.path(), &[]).await;
+    let recovered = |cgroup: &TestCgroup| {
+        let path = cgroup.path().to_str().unwrap().to_string();
+        move |e: &Event| {
+            e.body.kind == EventKind::OomKill
+                && e.body.cgroup.as_deref() == Some(path.as_str())
+                && e.body
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("recovered after the fact"))
+        }
+    };
+    let control = wait_for_event(&agent, Duration::from_secs(10), recovered(&missed)).await;
+    assert!(
+        control.is_some(),
+        "the kill while the agent was down was not recovered; log:\n{}",
+        agent.log_text()
+    );
+    let again: Vec<Event> = agent
+        .events(0)
+        .await
+        .into_iter()
+        .filter(recovered(&live))
+        .collect();
+    assert!(
+        again.is_empty(),
+        "a kill reported live was recovered again: {again:?}"
+    );
+}
+
+#[tokio::test]
 async fn without_bpf_the_agent_falls_back_to_polling_and_still_reports_oom_kills() {
     if !kernel_tests_enabled(
         "without_bpf_the_agent_falls_back_to_polling_and_still_reports_oom_kills",

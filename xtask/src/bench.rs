@@ -21,7 +21,7 @@ pub fn run(which: Option<&str>) -> anyhow::Result<()> {
         None | Some("overhead") => overhead(),
         Some("delay") => crate::bench_delay::delay(),
         Some("idle") => crate::bench_idle::idle(),
-        Some("storm") => crate::bench_delay::storm(),
+        Some("storm") => crate::bench_storm::storm(),
         Some(other) => bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm)"),
     }
 }

@@ -35,10 +35,10 @@ const MEMORY: &str = "/sys/fs/cgroup/memory";
 const POLLS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
 
 /// Events received by the webhook: (arrival, event JSON).
-type Inbox = Arc<Mutex<Vec<(SystemTime, Value)>>>;
+pub type Inbox = Arc<Mutex<Vec<(SystemTime, Value)>>>;
 
 /// A tiny HTTP/1.1 webhook on 127.0.0.1 that answers 204 to every POST.
-fn receiver() -> anyhow::Result<(u16, Inbox)> {
+pub fn receiver() -> anyhow::Result<(u16, Inbox)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
     let inbox: Inbox = Arc::default();
@@ -146,10 +146,14 @@ impl Poller {
 }
 
 fn oom_killed(text: &str) -> bool {
+    oom_control_kills(text).is_some_and(|n| n > 0)
+}
+
+/// `oom_kill N` of a v1 `memory.oom_control`.
+pub fn oom_control_kills(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("oom_kill "))
         .and_then(|n| n.trim().parse::<u64>().ok())
-        .is_some_and(|n| n > 0)
 }
 
 /// Soft cap of the crossing workload.
@@ -365,83 +369,11 @@ fn wait_all(children: Vec<std::process::Child>, timeout: Duration) -> anyhow::Re
     Ok(())
 }
 
-fn ms(from: SystemTime, to: SystemTime) -> f64 {
+pub fn ms(from: SystemTime, to: SystemTime) -> f64 {
     match to.duration_since(from) {
         Ok(d) => d.as_secs_f64() * 1e3,
         Err(e) => -e.duration().as_secs_f64() * 1e3,
     }
-}
-
-/// Processes OOM-killed at once in `cargo xtask bench storm`.
-const STORM: usize = 50;
-
-/// `cargo xtask bench storm`: STORM OOM kills at once; every one must reach
-/// the webhook. Prints the delay spread and the time to the last one.
-pub fn storm() -> anyhow::Result<()> {
-    let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
-    let (port, inbox) = receiver()?;
-    let hook = format!("http://127.0.0.1:{port}/hook");
-    let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;
-    let used = oom_kills(&release, 999, STORM)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut delays = Vec::new();
-    let (mut first, mut last) = (None::<SystemTime>, None::<SystemTime>);
-    loop {
-        let received = inbox.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let found: Vec<_> = used
-            .iter()
-            .filter_map(|(dir, _)| {
-                received.iter().find(|(_, e)| {
-                    e["kind"] == "oom_kill" && e["cgroup"].as_str() == Some(&*dir.to_string_lossy())
-                })
-            })
-            .collect();
-        if found.len() == used.len() || Instant::now() > deadline {
-            for (arrived, event) in &found {
-                let stamp = event["time"]
-                    .as_str()
-                    .and_then(|t| humantime::parse_rfc3339(t).ok())
-                    .context("event time")?;
-                delays.push(ms(stamp, *arrived));
-                first = Some(first.map_or(stamp, |f| f.min(stamp)));
-                last = Some(last.map_or(*arrived, |l| l.max(*arrived)));
-            }
-            break;
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    drop(agent);
-    let killed = used
-        .iter()
-        .filter(|(dir, _)| {
-            std::fs::read_to_string(dir.join("memory.oom_control")).is_ok_and(|t| oom_killed(&t))
-        })
-        .count();
-    for (dir, _) in &used {
-        let _ = std::fs::remove_dir(dir);
-    }
-    println!(
-        "\nOOM storm: {STORM} memhogs (128 MiB) started at once, each in its own 64 MiB cgroup\n"
-    );
-    println!(
-        "| OOM kills (cgroup counters) | oom_kill events at the webhook | p50 ms | p99 ms | max ms | first kill -> last arrival ms |"
-    );
-    println!("|---|---|---|---|---|---|");
-    let span = match (first, last) {
-        (Some(f), Some(l)) => ms(f, l),
-        _ => f64::NAN,
-    };
-    let received = delays.len();
-    println!(
-        "| {killed} | {received} | {:.1} | {:.1} | {:.1} | {span:.1} |",
-        quantile(&mut delays, 0.5),
-        quantile(&mut delays, 0.99),
-        quantile(&mut delays, 1.0)
-    );
-    if received < killed {
-        bail!("{} OOM kills never reached the webhook", killed - received);
-    }
-    Ok(())
 }
 
 /// Nearest-rank quantile; NaN when there are no samples.

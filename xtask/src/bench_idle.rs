@@ -1,6 +1,13 @@
 //! `cargo xtask bench idle`: the idle agent's CPU and RSS with 100, 1,000
 //! and 10,000 live memory cgroups (v1 hierarchy), made before it starts and
 //! removed after.
+//!
+//! With `MEMWATCH_BENCH_BASELINE=/path/to/memwatch` a second build (an older
+//! commit's) is measured beside this tree's on the same cgroups, and the
+//! table gets their CPU ratio. The agent's full walk of every cgroup's OOM
+//! counter runs only every few minutes, so the window rarely holds one: the
+//! table gives that walk's CPU (timed here, the same reads) and its share
+//! amortized over the interval.
 
 use std::{
     path::{Path, PathBuf},
@@ -16,7 +23,7 @@ const COUNTS: [usize; 3] = [100, 1_000, 10_000];
 /// Time left to the agent after start (its first walk of the hierarchy).
 const SETTLE: Duration = Duration::from_secs(3);
 /// Idle CPU is measured over this window.
-const WINDOW: Duration = Duration::from_secs(10);
+const WINDOW: Duration = Duration::from_secs(30);
 
 /// Removes the cgroups made, also on error.
 struct Cgroups(PathBuf, usize);
@@ -30,10 +37,28 @@ impl Drop for Cgroups {
     }
 }
 
+/// Another `memwatch` binary to measure beside this tree's (e.g. one built
+/// from an older commit): same cgroups, same window, one after the other.
+const BASELINE_ENV: &str = "MEMWATCH_BENCH_BASELINE";
+/// How often the agent walks every memory cgroup's OOM counter
+/// (agent/src/agent.rs `OOM_RESCAN_INTERVAL`): its cost is amortized over it.
+const RESCAN_INTERVAL: Duration = Duration::from_secs(300);
+
 pub fn idle() -> anyhow::Result<()> {
     let memwatch =
         release_bins("the idle benchmark loads the eBPF probe and makes cgroups")?.join("memwatch");
+    let mut agents = vec![("this tree".to_string(), memwatch)];
+    if let Some(base) = std::env::var_os(BASELINE_ENV) {
+        agents.insert(
+            0,
+            (
+                format!("baseline {}", Path::new(&base).display()),
+                base.into(),
+            ),
+        );
+    }
     let ticks = clock_ticks();
+    // (count, per agent (cpu %, rss MiB), one full walk's CPU ms)
     let mut rows = Vec::new();
     for count in COUNTS {
         let parent = Path::new("/sys/fs/cgroup/memory").join("memwatch-bench-idle");
@@ -44,35 +69,96 @@ pub fn idle() -> anyhow::Result<()> {
             std::fs::create_dir(parent.join(format!("c{i}"))).context("mkdir a cgroup")?;
         }
         eprintln!("xtask: {count} cgroups made in {:?}", made.elapsed());
-        let agent = Agent::start(&memwatch, &[])?;
-        thread::sleep(SETTLE);
-        let before = cpu_ticks(agent.pid())?;
-        thread::sleep(WINDOW);
-        let after = cpu_ticks(agent.pid())?;
-        let rss_kib = rss_kib(agent.pid())?;
-        drop(agent);
+        let mut measured = Vec::new();
+        for (name, bin) in &agents {
+            let agent = Agent::start(bin, &[])?;
+            thread::sleep(SETTLE);
+            let before = cpu_ticks(agent.pid())?;
+            thread::sleep(WINDOW);
+            let after = cpu_ticks(agent.pid())?;
+            let rss_kib = status_kib(agent.pid(), "VmRSS:")?;
+            drop(agent);
+            let cpu = (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0;
+            eprintln!("xtask: {count} cgroups, {name}: {cpu:.2}% of a core");
+            measured.push((cpu, rss_kib as f64 / 1024.0));
+        }
+        let walk_ms = full_walk_cpu_ms()?;
         drop(cgroups);
-        let cpu = (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0;
-        rows.push((count, cpu, rss_kib as f64 / 1024.0));
+        rows.push((count, measured, walk_ms));
     }
     println!(
-        "\nIdle agent (default config, eBPF source), {WINDOW:?} window after {SETTLE:?} settle\n"
+        "\nIdle agent (default config, eBPF source), CPU over a {WINDOW:?} window after {SETTLE:?} settle\n"
     );
-    println!("| live memory cgroups | CPU % of one core | RSS MiB |");
-    println!("|---|---|---|");
-    for (count, cpu, rss) in rows {
-        println!("| {count} | {cpu:.2} | {rss:.1} |");
+    let names: Vec<&str> = agents.iter().map(|(n, _)| n.as_str()).collect();
+    print!("| live memory cgroups |");
+    for name in &names {
+        print!(" {name}: CPU % of one core | {name}: RSS MiB |");
+    }
+    if names.len() == 2 {
+        print!(" CPU ratio |");
+    }
+    println!(" one full OOM-counter walk, CPU ms | amortized over {RESCAN_INTERVAL:?}, % |");
+    println!(
+        "|---{}|---|---|",
+        "|---|---".repeat(names.len()) + if names.len() == 2 { "|---" } else { "" }
+    );
+    for (count, measured, walk_ms) in rows {
+        print!("| {count} |");
+        for (cpu, rss) in &measured {
+            print!(" {cpu:.2} | {rss:.1} |");
+        }
+        if let [(base, _), (now, _)] = measured[..] {
+            print!(" {:.2} |", now / base);
+        }
+        println!(
+            " {walk_ms:.0} | {:.3} |",
+            walk_ms / RESCAN_INTERVAL.as_millis() as f64 * 100.0
+        );
     }
     Ok(())
 }
 
-fn clock_ticks() -> f64 {
+/// The CPU time of one walk like the agent's full OOM-counter rescan
+/// (reconcile.rs): every memory cgroup's directory listed and its
+/// `memory.oom_control` read. Measured in this process, on this thread.
+fn full_walk_cpu_ms() -> anyhow::Result<f64> {
+    let cpu = || {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-pointer for clock_gettime.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 / 1e6
+    };
+    let start = cpu();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup/memory")];
+    let mut seen = 0usize;
+    while let Some(dir) = stack.pop() {
+        seen += 1;
+        if seen > 1_000_000 {
+            break;
+        }
+        let _ = std::fs::read_to_string(dir.join("memory.oom_control"));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(cpu() - start)
+}
+
+pub fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
 }
 
 /// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command (which may hold spaces) start after ") ".
     let rest = stat.rsplit_once(") ").context("/proc/pid/stat")?.1;
@@ -80,11 +166,12 @@ fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     Ok(fields[11].parse::<u64>()? + fields[12].parse::<u64>()?)
 }
 
-fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+/// A `kB` line of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB.
+pub fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS")
+        .with_context(|| format!("{key} of {pid}"))
 }

@@ -9,6 +9,7 @@
 mod bench;
 mod bench_delay;
 mod bench_idle;
+mod bench_storm;
 mod setup;
 mod shell;
 mod test;
@@ -34,7 +35,7 @@ enum Task {
     },
     /// Set up, then run a benchmark (default: overhead) and print its table (as root).
     Bench {
-        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (50 OOM kills at once).
+        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (an OOM storm of 6,000 kills/min for a minute).
         which: Option<String>,
     },
     /// Set up, build (release) and write the OCI image to target/memwatch.oci.tar (as root, needs buildah).
