@@ -116,6 +116,13 @@ pub fn mark_victim_passes_task(btf: &Btf) -> Result<bool, BtfError> {
     ))
 }
 
+/// Whether the kernel counts RSS per task first (`task_struct::rss_stat`,
+/// SPLIT_RSS_COUNTING, Linux < 6.2): page faults then reach the mm's
+/// counters, and the `rss_stat` tracepoint, in batches.
+pub fn split_rss_counting(btf: &Btf) -> bool {
+    member_offset(btf, "task_struct", "rss_stat").is_ok()
+}
+
 struct RssLayout {
     base: u32,
     stride: u32,
