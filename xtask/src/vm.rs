@@ -83,12 +83,14 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let workdir = root.join("tests");
 
     let needs_vm = kernels.iter().any(|k| k != "host");
+    let accel = Accel::detect();
     let (registry, initramfs) = if needs_vm {
         let contents = vm_initramfs::Contents {
             binaries: &binaries,
             tests: &tests,
             workdir: &workdir,
             memwatch: &memwatch,
+            time_scale: accel.time_scale(),
         };
         let cpio = vm_initramfs::build(&vm_dir, &contents)?;
         eprintln!(
@@ -100,7 +102,6 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     } else {
         (None, None)
     };
-    let accel = Accel::detect();
 
     let mut outcomes = Vec::new();
     for spec in &kernels {
@@ -262,6 +263,15 @@ impl Accel {
             return Accel::Tcg;
         }
         Accel::Kvm
+    }
+
+    /// How much slower than hardware the agent runs in the VM: the tests'
+    /// latency bounds (tens of milliseconds) are multiplied by it.
+    fn time_scale(self) -> u32 {
+        match self {
+            Accel::Kvm => 1,
+            Accel::Tcg => 4,
+        }
     }
 
     pub fn name(self) -> &'static str {

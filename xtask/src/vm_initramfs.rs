@@ -35,6 +35,9 @@ pub struct Contents<'a> {
     /// The tests' working directory (the tests crate, as under cargo).
     pub workdir: &'a Path,
     pub memwatch: &'a Path,
+    /// `MEMWATCH_TEST_TIME_SCALE` for the tests' latency bounds: above 1
+    /// only under software emulation.
+    pub time_scale: u32,
 }
 
 /// Writes `<dir>/initramfs.cpio` (uncompressed newc: the kernel unpacks it
@@ -105,7 +108,7 @@ fn init_script(contents: &Contents<'_>) -> String {
         r#"#!/bin/busybox sh
 # Written by `cargo xtask vm-test`: pure cgroup v2, then the kernel tests.
 /bin/busybox --install -s
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root CI=true RUST_BACKTRACE=1
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root CI=true RUST_BACKTRACE=1 MEMWATCH_TEST_TIME_SCALE={time_scale}
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -127,6 +130,7 @@ sync
 poweroff -f
 "#,
         memwatch = contents.memwatch.display(),
+        time_scale = contents.time_scale,
     )
 }
 
