@@ -29,21 +29,26 @@ pub struct GrowthSettings {
     /// A growth-step record every time a cgroup's usage passes another
     /// multiple of this many pages (0: no steps).
     pub step_pages: u64,
-    /// On one CPU, the same mm changing RSS is checked once per this many
-    /// changes: the fast path is a per-CPU compare, nothing else.
-    pub check_every: u32,
+    /// A task looked at again within `resolve_ns` of its last look has its
+    /// cgroup's lines checked only when the cgroup's usage moved by at
+    /// least this many pages since: the fast path is one kernel read.
+    pub check_pages: u32,
     /// Back below the cap means below `cap * (1000 - this) / 1000`.
     pub hysteresis_permille: u32,
+    /// How long a task's memory cgroup, once resolved, is trusted on one
+    /// CPU before it is resolved again (a task moved to another cgroup is
+    /// followed at most this late).
+    pub resolve_ns: u64,
 }
 
 impl GrowthSettings {
     pub const DEFAULT: GrowthSettings = GrowthSettings {
         // 64 MiB of 4 KiB pages.
         step_pages: 16384,
-        // 64 pages (256 KiB) between looks at one CPU's busy mm: a crossing
-        // is seen at most that far past the line, per CPU.
-        check_every: 64,
+        // 64 pages (256 KiB): finer than any line worth a record.
+        check_pages: 64,
         hysteresis_permille: 50,
+        resolve_ns: 10_000_000,
     };
 }
 
@@ -57,15 +62,35 @@ pub struct WatchedCgroup {
     pub generation: u64,
 }
 
-/// Per CPU, the growth program's fast path: the mm seen last, how many
-/// more of its changes to skip, and how many changes this CPU saw.
+/// Tasks one CPU's fast path remembers (a task and the one it switches
+/// with, and a few more).
+pub const FAST_SLOTS: usize = 4;
+
+/// A task the growth program looked at lately on this CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastSlot {
+    /// The `task_struct` pointer (0: empty).
+    pub task: u64,
+    /// Its memory cgroup (`mem_cgroup` pointer) when last resolved.
+    pub memcg: u64,
+    /// That cgroup's usage (pages) at the last full check.
+    pub usage: u64,
+    /// When the cgroup was resolved (`bpf_ktime_get_ns`).
+    pub resolved_ns: u64,
+}
+
+/// Per CPU, the growth program's fast path: the tasks looked at lately and
+/// how many times the hook ran on this CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FastPath {
-    pub mm: u64,
-    pub skip: u64,
-    /// Every `rss_stat` event on this CPU (read as [`ProbeCounter::RssEvents`]).
+    /// Every run of the growth hook on this CPU (read as
+    /// [`ProbeCounter::GrowthRuns`]).
     pub events: u64,
+    /// The slot the next new task takes (round robin).
+    pub next: u64,
+    pub slots: [FastSlot; FAST_SLOTS],
 }
 
 /// A memory cgroup's usage crossed a line.
@@ -132,19 +157,21 @@ pub mod programs {
         btf: "cgroup_rmdir_btf",
         raw: "cgroup_rmdir_raw",
     };
-    /// `kmem/rss_stat`: an mm's resident memory changed (about once per page).
-    pub const RSS_STAT: AttachPoint = AttachPoint {
-        tracepoint: "rss_stat",
-        btf: "rss_stat_btf",
-        raw: "rss_stat_raw",
+    /// `sched/sched_stat_runtime`: the scheduler charged run time to a task,
+    /// at every scheduler tick while it runs and when it stops running (not
+    /// once per page, like `kmem/rss_stat`).
+    pub const GROWTH: AttachPoint = AttachPoint {
+        tracepoint: "sched_stat_runtime",
+        btf: "growth_btf",
+        raw: "growth_raw",
     };
-    /// The benchmark floor: an empty program on `rss_stat` (no raw twin).
-    pub const RSS_STAT_FLOOR: AttachPoint = AttachPoint {
-        tracepoint: "rss_stat",
-        btf: "rss_stat_floor_btf",
-        raw: "rss_stat_floor_btf",
+    /// The benchmark floor: an empty program on the growth hook (no raw twin).
+    pub const GROWTH_FLOOR: AttachPoint = AttachPoint {
+        tracepoint: "sched_stat_runtime",
+        btf: "growth_floor_btf",
+        raw: "growth_floor_btf",
     };
-    pub const ALL: [AttachPoint; 4] = [OOM_MARK_VICTIM, CGROUP_MKDIR, CGROUP_RMDIR, RSS_STAT];
+    pub const ALL: [AttachPoint; 4] = [OOM_MARK_VICTIM, CGROUP_MKDIR, CGROUP_RMDIR, GROWTH];
 }
 
 /// What a ring-buffer record is: the first `u32` of every record.
@@ -209,11 +236,11 @@ pub enum ProbeCounter {
     RingbufFull = 1,
     /// Kernel reads that failed (a field left zero in the record).
     ReadErrors = 2,
-    /// RSS changes seen by the growth program (kept in [`FastPath::events`],
-    /// not in this map: the hot path touches one map only).
-    RssEvents = 3,
-    /// Of those, the ones that took the slow path (resolved the memory
-    /// cgroup and read its usage).
+    /// Runs of the growth program (kept in [`FastPath::events`], not in
+    /// this map: the hot path touches one map only).
+    GrowthRuns = 3,
+    /// Of those, the ones that took the slow path (checked the lines of the
+    /// memory cgroup and its ancestors).
     GrowthChecks = 4,
     /// Growth records sent (cap crossings and steps).
     GrowthRecords = 5,
@@ -226,7 +253,7 @@ impl ProbeCounter {
         Self::OomSeen,
         Self::RingbufFull,
         Self::ReadErrors,
-        Self::RssEvents,
+        Self::GrowthRuns,
         Self::GrowthChecks,
         Self::GrowthRecords,
     ];
@@ -237,7 +264,7 @@ impl ProbeCounter {
             Self::OomSeen => "oom_seen",
             Self::RingbufFull => "ringbuf_full",
             Self::ReadErrors => "read_errors",
-            Self::RssEvents => "rss_events",
+            Self::GrowthRuns => "growth_runs",
             Self::GrowthChecks => "growth_checks",
             Self::GrowthRecords => "growth_records",
         }

@@ -119,10 +119,10 @@ pub fn report(btf_path: &Path) -> Report {
             for point in [
                 programs::CGROUP_MKDIR,
                 programs::CGROUP_RMDIR,
-                programs::RSS_STAT,
+                programs::GROWTH,
             ] {
-                let category = if point.tracepoint == "rss_stat" {
-                    "kmem"
+                let category = if point.tracepoint == programs::GROWTH.tracepoint {
+                    "sched"
                 } else {
                     "cgroup"
                 };
@@ -202,7 +202,7 @@ pub fn report(btf_path: &Path) -> Report {
                 ));
             }
             let growth = match p.growth_unavailable() {
-                None => "kernel (kmem/rss_stat)".to_string(),
+                None => "kernel (sched/sched_stat_runtime)".to_string(),
                 Some(_) => "sampling (cgroup files)".to_string(),
             };
             let oom = match victim_form {

@@ -8,8 +8,8 @@ use std::{
 
 use memwatch::event::{Event, EventKind};
 use memwatch_tests::{
-    agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark_and_pace, kernel_tests_enabled,
-    workspace_bin,
+    agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
+    kernel_tests_enabled, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
@@ -437,6 +437,38 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
     assert!(
         metrics.contains("memwatch_growth_lines_total{line=\"above_cap\"}"),
         "{metrics}"
+    );
+}
+
+/// The growth program looks when the scheduler charges run time (each
+/// tick, and when a task stops running): a task that crosses its cap by a
+/// little and then sleeps holding the memory is seen as it goes to sleep,
+/// not at the next sampling round.
+#[tokio::test]
+async fn a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once() {
+    if !kernel_tests_enabled("a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once") {
+        return;
+    }
+    let agent = Agent::start_with_config("sample_interval = \"60s\"\n").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // 66 MiB touched, then a one-second sleep holding it: the cap (64 MiB)
+    // is crossed in the last ~2 MiB before the task leaves the CPU.
+    let mark_ns = exec_memhog_with_mark(&agent.base_url, "64M", "t-z", 66, 63);
+    let crossing = agent
+        .wait_for_event(Duration::from_secs(2), "soft_cap_exceeded", |e| {
+            e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-z")
+        })
+        .await;
+    let delay_ms = (crossing.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6;
+    let scale = time_scale();
+    println!(
+        "crossed then slept → soft_cap_exceeded event: {delay_ms:.1} ms after the 63 MiB mark \
+         (time scale {scale})"
+    );
+    assert!(
+        delay_ms < 50.0 * scale,
+        "soft_cap_exceeded {delay_ms:.1} ms after the allocation crossed the cap \
+         (time scale {scale})"
     );
 }
 

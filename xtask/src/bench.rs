@@ -26,76 +26,149 @@ pub fn run(which: Option<&str>) -> anyhow::Result<()> {
     }
 }
 
-/// Probe overhead on a page-fault-heavy workload: no agent vs the agent
-/// with its default probe attached.
+/// Probe overhead: no agent, an empty program on the growth hook, and the
+/// agent with its default probe, on a page-fault-heavy workload and on a
+/// realistic one (a parallel C build and a sort/compress data pipeline).
 fn overhead() -> anyhow::Result<()> {
     let release = release_bins("the overhead benchmark loads the eBPF probe")?;
     let faultbench = release.join("faultbench");
     let memwatch = release.join("memwatch");
-
+    let job = DataJob::prepare()?;
+    let workloads: [(&str, &dyn Fn() -> anyhow::Result<f64>); 2] = [
+        (
+            "faultbench (mmap 2 GiB, touch every 4 KiB page, unmap; 3 times; THP off)",
+            &|| time_workload(&faultbench),
+        ),
+        (
+            "build + data job (gcc -O2 of 12 generated C files, 2 in parallel; \
+             seq | sort -R | gzip | gunzip | sort -n of 300 k lines)",
+            &|| job.run(),
+        ),
+    ];
     let configs = [
         "no agent",
         "empty program on the same hooks",
         "memwatch run (default probe)",
     ];
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..ROUNDS {
-        // Rotate the order so drift favours none.
-        let order: Vec<usize> = (0..configs.len())
-            .map(|k| (k + round) % configs.len())
-            .collect();
-        for i in order {
-            let agent = match i {
-                0 => None,
-                1 => Some(Agent::start(&memwatch, &["--probe-floor"])?),
-                _ => Some(Agent::start(&memwatch, &[])?),
-            };
-            let secs = time_workload(&faultbench)?;
-            drop(agent);
-            eprintln!("xtask: round {round}: {:<30} {secs:.3}s", configs[i]);
-            times[i].push(secs);
+    for (title, workload) in workloads {
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        for round in 0..ROUNDS {
+            // Rotate the order so drift favours none.
+            let order: Vec<usize> = (0..configs.len())
+                .map(|k| (k + round) % configs.len())
+                .collect();
+            for i in order {
+                let agent = match i {
+                    0 => None,
+                    1 => Some(Agent::start(&memwatch, &["--probe-floor"])?),
+                    _ => Some(Agent::start(&memwatch, &[])?),
+                };
+                let secs = workload()?;
+                drop(agent);
+                eprintln!("xtask: round {round}: {:<30} {secs:.3}s", configs[i]);
+                times[i].push(secs);
+            }
+        }
+        let base = median(&mut times[0].clone());
+        let floor = median(&mut times[1].clone());
+        println!("\nProbe overhead: {title}");
+        println!("median of {ROUNDS} interleaved rounds\n");
+        println!("| configuration | median time | ratio vs no agent | ratio vs empty program |");
+        println!("|---|---|---|---|");
+        for (name, samples) in configs.iter().zip(&mut times) {
+            let m = median(samples);
+            println!("| {name} | {m:.3} s | {:.3} | {:.3} |", m / base, m / floor);
         }
     }
-    let base = median(&mut times[0].clone());
-    println!(
-        "\nProbe overhead: faultbench (mmap 2 GiB, touch every 4 KiB page, unmap; 3 times; THP off)"
-    );
-    println!("median of {ROUNDS} interleaved rounds\n");
     let per_run = [
         program_cost(
             &memwatch,
-            &faultbench,
+            &|| time_workload(&faultbench),
             &["--probe-floor"],
-            "rss_stat_floor_btf",
+            "growth_floor_btf",
         )?,
-        program_cost(&memwatch, &faultbench, &[], "rss_stat_btf")?,
+        program_cost(&memwatch, &|| time_workload(&faultbench), &[], "growth_btf")?,
+        program_cost(&memwatch, &|| job.run(), &[], "growth_btf")?,
     ];
-    let floor = median(&mut times[1].clone());
-    println!("| configuration | median time | ratio vs no agent | ratio vs empty program |");
-    println!("|---|---|---|---|");
-    for (name, samples) in configs.iter().zip(&mut times) {
-        let m = median(samples);
-        println!("| {name} | {m:.3} s | {:.3} | {:.3} |", m / base, m / floor);
-    }
     println!(
-        "\nCost of the program on `rss_stat` itself (kernel run-time statistics, one faultbench run):\n"
+        "\nCost of the growth program itself (kernel run-time statistics; one faultbench run, \
+         then one build + data job run):\n"
     );
-    println!("| program | runs | ns per run |");
-    println!("|---|---|---|");
+    println!("| program | runs | ns per run | total ms |");
+    println!("|---|---|---|---|");
     for (program, runs, seconds) in per_run {
         println!(
-            "| {program} | {runs:.0} | {:.1} |",
-            seconds * 1e9 / runs.max(1.0)
+            "| {program} | {runs:.0} | {:.1} | {:.1} |",
+            seconds * 1e9 / runs.max(1.0),
+            seconds * 1e3
         );
     }
     Ok(())
+}
+
+/// A realistic job: a parallel build of generated C sources, then a data
+/// pipeline through pipes (many context switches, each a run of the growth
+/// hook) with sort holding its input in memory.
+struct DataJob {
+    dir: std::path::PathBuf,
+}
+
+impl DataJob {
+    const SOURCES: usize = 12;
+
+    fn prepare() -> anyhow::Result<DataJob> {
+        let dir = std::env::temp_dir().join(format!("memwatch-bench-job-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        for n in 0..Self::SOURCES {
+            let mut source = String::new();
+            for f in 0..20 {
+                source.push_str(&format!(
+                    "double f{f}(const double *v, int n) {{\n\
+                     \tdouble acc = {n}.0;\n\
+                     \tfor (int i = 0; i < n; i++) {{\n\
+                     \t\tfor (int j = i; j < n && j < i + {f} + 3; j++)\n\
+                     \t\t\tacc += v[i] * v[j] / (1.0 + (double)(i ^ j));\n\
+                     \t\tif (acc > 1e9) acc = acc / 3.0 - v[i];\n\
+                     \t}}\n\
+                     \treturn acc;\n}}\n"
+                ));
+            }
+            std::fs::write(dir.join(format!("unit{n}.c")), source)?;
+        }
+        Ok(DataJob { dir })
+    }
+
+    fn run(&self) -> anyhow::Result<f64> {
+        let script = "rm -f *.o && ls *.c | xargs -P2 -n1 gcc -O2 -c && \
+                      seq 1 300000 | sort -R | gzip -1 | gunzip | sort -n | md5sum >/dev/null";
+        let start = Instant::now();
+        let out = Command::new("sh")
+            .args(["-ec", script])
+            .current_dir(&self.dir)
+            .output()
+            .context("run the build + data job")?;
+        let secs = start.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!(
+                "the build + data job failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(secs)
+    }
+}
+
+impl Drop for DataJob {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Runs the workload once under an agent with BPF run-time statistics on,
 /// and reads `program`'s run count and run time from `/metrics`.
 fn program_cost(
     memwatch: &std::path::Path,
-    faultbench: &std::path::Path,
+    workload: &dyn Fn() -> anyhow::Result<f64>,
     extra: &[&str],
     program: &str,
 ) -> anyhow::Result<(String, f64, f64)> {
@@ -104,7 +177,7 @@ fn program_cost(
     let mut args = vec!["--config", config.to_str().unwrap_or_default()];
     args.extend(extra);
     let agent = Agent::start(memwatch, &args)?;
-    time_workload(faultbench)?;
+    workload()?;
     // The agent publishes program statistics every second.
     thread::sleep(Duration::from_millis(1500));
     let metrics = http_get(agent.port, "/metrics")?;

@@ -75,7 +75,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     })
 }
 
-/// Offsets the growth program (`rss_stat`) needs on top of the others:
+/// Offsets the growth program (`sched_stat_runtime`) needs on top of the others:
 /// `mm->owner` (CONFIG_MEMCG), the css parent, and the memory cgroup's
 /// `page_counter` usage.
 pub fn growth_offsets(btf: &Btf, offsets: &mut KernelOffsets) -> Result<(), BtfError> {
@@ -114,13 +114,6 @@ pub fn mark_victim_passes_task(btf: &Btf) -> Result<bool, BtfError> {
         strip(btf, btf.resolve_chained_type(first_arg)?)?,
         Type::Ptr(_)
     ))
-}
-
-/// Whether the kernel counts RSS per task first (`task_struct::rss_stat`,
-/// SPLIT_RSS_COUNTING, Linux < 6.2): page faults then reach the mm's
-/// counters, and the `rss_stat` tracepoint, in batches.
-pub fn split_rss_counting(btf: &Btf) -> bool {
-    member_offset(btf, "task_struct", "rss_stat").is_ok()
 }
 
 struct RssLayout {

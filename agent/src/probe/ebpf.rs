@@ -34,10 +34,6 @@ use super::{
     privilege,
 };
 
-/// Page-fault events per `rss_stat` on kernels with split RSS counting
-/// (TASK_RSS_EVENTS_THRESH, Linux < 6.2).
-const SPLIT_RSS_BATCH: u32 = 64;
-
 /// The compiled programs, built by build.rs with aya-build.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
 
@@ -99,7 +95,7 @@ fn attach_str<S: serde::Serializer>(kind: &AttachKind, s: S) -> Result<S::Ok, S:
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeOptions {
     pub growth: GrowthSettings,
-    /// Benchmarks only: an empty program on `rss_stat` instead of the
+    /// Benchmarks only: an empty program on the growth hook instead of the
     /// growth program, to measure the hook's own cost.
     pub floor: bool,
     /// Turn on the kernel's run-time statistics (`kernel.bpf_stats_enabled`)
@@ -164,7 +160,7 @@ impl EbpfProbe {
     /// Checks privileges, resolves offsets from the kernel's BTF, loads the
     /// programs and attaches them (tp_btf first, raw tracepoint otherwise).
     pub fn load(btf_path: &Path, options: &ProbeOptions) -> Result<Self, ProbeError> {
-        let mut growth = options.growth;
+        let growth = options.growth;
         let missing = privilege::missing_for_tracing();
         if !missing.is_empty() {
             return Err(ProbeError::Privilege {
@@ -175,12 +171,6 @@ impl EbpfProbe {
 
         let kernel_btf = btf::load(btf_path)?;
         let victim_form = VictimForm::of(&kernel_btf)?;
-        if btf::split_rss_counting(&kernel_btf) {
-            // Before 6.2 a task's page faults go to a per-task cache that
-            // reaches the mm (and `rss_stat`) once per 64 events: each
-            // `rss_stat` is then worth 64 of a later kernel's.
-            growth.check_every = (growth.check_every / SPLIT_RSS_BATCH).max(1);
-        }
         let stats = options
             .stats
             .then(|| aya::sys::enable_stats(aya::sys::Stats::RunTime))
@@ -309,7 +299,7 @@ impl EbpfProbe {
     /// The programs' counters, summed over CPUs, in [`ProbeCounter::ALL`] order.
     pub fn kernel_counters(&self) -> [u64; ProbeCounter::COUNT as usize] {
         ProbeCounter::ALL.map(|c| match (c, &self.fast_path) {
-            (ProbeCounter::RssEvents, Some(fast)) => fast
+            (ProbeCounter::GrowthRuns, Some(fast)) => fast
                 .get(&0, 0)
                 .map(|per_cpu| per_cpu.iter().map(|f| f.events).sum())
                 .unwrap_or(0),

@@ -19,7 +19,7 @@ pub enum Role {
     Cgroup,
     /// OOM victims.
     Oom,
-    /// Memory growth (`rss_stat`).
+    /// Memory growth (`sched_stat_runtime`: the running task's cgroup).
     Growth,
 }
 
@@ -51,7 +51,7 @@ impl VictimForm {
     }
 }
 
-/// The growth program to put on `rss_stat`, if any.
+/// The growth program to attach, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Growth {
     Off,
@@ -91,10 +91,14 @@ pub fn plan(form: VictimForm, growth: Growth) -> Vec<Hook> {
     }
     match growth {
         Growth::Off => {}
-        Growth::Program => hooks.push(hook(programs::RSS_STAT, "kmem/rss_stat", Role::Growth)),
+        Growth::Program => hooks.push(hook(
+            programs::GROWTH,
+            "sched/sched_stat_runtime",
+            Role::Growth,
+        )),
         Growth::Floor => hooks.push(hook(
-            programs::RSS_STAT_FLOOR,
-            "kmem/rss_stat",
+            programs::GROWTH_FLOOR,
+            "sched/sched_stat_runtime",
             Role::Growth,
         )),
     }
@@ -115,7 +119,7 @@ mod tests {
                 "cgroup_rmdir_btf",
                 "signal_generate_btf",
                 "oom_mark_victim_pid_btf",
-                "rss_stat_btf"
+                "growth_btf"
             ]
         );
         assert_eq!(

@@ -1,17 +1,25 @@
-//! `kmem/rss_stat`: an mm's resident memory changed, about once per page.
+//! `sched/sched_stat_runtime`: the scheduler charged run time to a task.
 //!
-//! The hottest hook memwatch has, so the common case does almost nothing:
-//! per CPU, the same mm is looked at once per `check_every` changes (a
-//! per-CPU array compare). When it looks, it finds the mm's memory cgroup
-//! (`mm->owner`'s), reads the kernel's own `page_counter` usage of that
-//! cgroup and of each ancestor, and sends a record only when one crosses a
-//! line: its soft cap (from the WATCHED map), back below it (hysteresis),
-//! or another growth step. The kernel keeps the figures; user space hears
-//! of lines crossed, never of pages.
+//! Memory only grows while a task of the cgroup runs, and this tracepoint
+//! fires in a running task's name at every scheduler tick (CONFIG_HZ) and
+//! when it stops running: so looking at the task's memory cgroup here sees
+//! every line crossed within one tick, at a cost that does not grow with
+//! page faults (`kmem/rss_stat`, once per page, costs 5-10% of a
+//! fault-heavy program on its own; see docs/benchmarks.md).
+//!
+//! Per CPU, a few recently seen tasks keep their memory cgroup: for those,
+//! the fast path is one read of the cgroup's `page_counter` usage, and the
+//! lines are checked only when it moved. A check reads the kernel's own
+//! usage of the cgroup and of each ancestor, and sends a record only when
+//! one crosses a line: its soft cap (from the WATCHED map), back below it
+//! (hysteresis), or another growth step. The kernel keeps the figures; user
+//! space hears of lines crossed, never of pages.
 
-use agent_common::{GrowthRecord, KernelOffsets, ProbeCounter, RecordKind, WatchedCgroup};
+use agent_common::{
+    FAST_SLOTS, FastSlot, GrowthRecord, KernelOffsets, ProbeCounter, RecordKind, WatchedCgroup,
+};
 use aya_ebpf::{
-    helpers::bpf_ktime_get_boot_ns,
+    helpers::{bpf_ktime_get_boot_ns, bpf_ktime_get_ns},
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
@@ -20,57 +28,117 @@ use crate::maps::{
     EVENTS, FAST_PATH, GROWTH, MEMCG_STATE, MemcgState, OFFSETS, WATCHED, count, read,
 };
 
-/// Ancestors looked at above the mm's own memory cgroup (kubepods nest 4 deep).
+/// Ancestors looked at above the task's own memory cgroup (kubepods nest 4 deep).
 const MAX_DEPTH: usize = 6;
 
-#[btf_tracepoint(function = "rss_stat")]
-pub fn rss_stat_btf(ctx: BtfTracePointContext) -> i32 {
-    on_rss_change(ctx.arg(0))
+#[btf_tracepoint(function = "sched_stat_runtime")]
+pub fn growth_btf(ctx: BtfTracePointContext) -> i32 {
+    on_runtime(ctx.arg(0))
 }
 
-#[raw_tracepoint(tracepoint = "rss_stat")]
-pub fn rss_stat_raw(ctx: RawTracePointContext) -> i32 {
-    on_rss_change(ctx.arg(0))
+#[raw_tracepoint(tracepoint = "sched_stat_runtime")]
+pub fn growth_raw(ctx: RawTracePointContext) -> i32 {
+    on_runtime(ctx.arg(0))
 }
 
 /// The benchmark floor: the same hook, doing nothing. Attached instead of
-/// `rss_stat_btf` only by `memwatch run --probe-floor` (see `cargo xtask
+/// `growth_btf` only by `memwatch run --probe-floor` (see `cargo xtask
 /// bench overhead`), to tell the hook's own cost from the program's.
-#[btf_tracepoint(function = "rss_stat")]
-pub fn rss_stat_floor_btf(_ctx: BtfTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sched_stat_runtime")]
+pub fn growth_floor_btf(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 
 #[inline(always)]
-fn on_rss_change(mm: *const u8) -> i32 {
+fn on_runtime(task: *const u8) -> i32 {
     let Some(fast) = FAST_PATH.get_ptr_mut(0) else {
         return 0;
     };
     // SAFETY: this CPU's slot of a live per-CPU array; not re-entered.
     let fast = unsafe { &mut *fast };
     fast.events += 1;
-    if fast.mm == mm as u64 && fast.skip > 0 {
-        fast.skip -= 1;
+    if task.is_null() {
         return 0;
     }
-    fast.mm = mm as u64;
-    fast.skip = GROWTH.load().check_every as u64;
-    count(ProbeCounter::GrowthChecks);
-    match look(mm) {
+    let settings = GROWTH.load();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let off = OFFSETS.load();
+    if off.valid == 0 {
+        return 1;
+    }
+    // A task looked at lately: one read, and a check only if usage moved.
+    let mut hit = FAST_SLOTS;
+    for i in 0..FAST_SLOTS {
+        let slot = &fast.slots[i];
+        if slot.task == task as u64 && now.wrapping_sub(slot.resolved_ns) < settings.resolve_ns {
+            hit = i;
+        }
+    }
+    if hit < FAST_SLOTS {
+        let slot = &mut fast.slots[hit];
+        let memcg = slot.memcg as *const u8;
+        let Ok(usage) = read::<u64>(memcg, off.memcg_usage) else {
+            return 1;
+        };
+        if usage.abs_diff(slot.usage) < settings.check_pages as u64 {
+            return 0;
+        }
+        slot.usage = usage;
+        return finish(walk(memcg, &off));
+    }
+    // New (or stale) here: resolve its memory cgroup and take a slot.
+    let Ok(memcg) = task_memcg(task, &off) else {
+        return 1;
+    };
+    if memcg.is_null() {
+        return 0;
+    }
+    let Ok(usage) = read::<u64>(memcg, off.memcg_usage) else {
+        return 1;
+    };
+    let victim = (fast.next as usize) % FAST_SLOTS;
+    fast.next = fast.next.wrapping_add(1);
+    // Indexed by a constant in each arm: the verifier sees every access bounded.
+    for i in 0..FAST_SLOTS {
+        if i == victim {
+            fast.slots[i] = FastSlot {
+                task: task as u64,
+                memcg: memcg as u64,
+                usage,
+                resolved_ns: now,
+            };
+        }
+    }
+    finish(walk(memcg, &off))
+}
+
+#[inline(always)]
+fn finish(result: Result<(), i32>) -> i32 {
+    match result {
         Ok(()) => 0,
         Err(code) => code,
     }
 }
 
-/// The slow path: the mm's memory cgroup and its ancestors.
-fn look(mm: *const u8) -> Result<(), i32> {
-    let off = OFFSETS.load();
-    if off.valid == 0 || mm.is_null() {
-        return Err(1);
-    }
-    let owner: *const u8 = read(mm, off.mm_owner)?;
+/// The memory cgroup memory growth of `task` is charged to: its mm owner's
+/// (threads share the mm; the kernel charges faults to the owner's cgroup),
+/// or the task's own when it has no mm (exiting: its memory is being freed).
+#[inline(always)]
+fn task_memcg(task: *const u8, off: &KernelOffsets) -> Result<*const u8, i32> {
+    let mm: *const u8 = read(task, off.task_mm)?;
+    let owner: *const u8 = if mm.is_null() {
+        task
+    } else {
+        let owner: *const u8 = read(mm, off.mm_owner)?;
+        if owner.is_null() { task } else { owner }
+    };
     let css_set: *const u8 = read(owner, off.task_cgroups)?;
-    let mut memcg: *const u8 = read(css_set, off.css_set_subsys + off.memory_cgrp_id * 8)?;
+    read(css_set, off.css_set_subsys + off.memory_cgrp_id * 8)
+}
+
+/// Checks the lines of `memcg` and its ancestors.
+fn walk(mut memcg: *const u8, off: &KernelOffsets) -> Result<(), i32> {
+    count(ProbeCounter::GrowthChecks);
     for _ in 0..MAX_DEPTH {
         if memcg.is_null() {
             break;
@@ -80,7 +148,7 @@ fn look(mm: *const u8) -> Result<(), i32> {
         if parent.is_null() {
             break;
         }
-        check(memcg, &off)?;
+        check(memcg, off)?;
         memcg = parent;
     }
     Ok(())
