@@ -15,6 +15,8 @@ pub mod maps {
     pub const WATCHED: &str = "WATCHED";
     /// Per-CPU [`super::FastPath`] of the growth program (one element).
     pub const FAST_PATH: &str = "FAST_PATH";
+    /// LRU: pid → `task_struct *` of recent SIGKILL targets (Linux < 6.2 only).
+    pub const SIGKILLED: &str = "SIGKILLED";
 }
 
 /// Name of the global holding [`GrowthSettings`].
@@ -131,6 +133,19 @@ pub mod programs {
         tracepoint: "mark_victim",
         btf: "oom_mark_victim_btf",
         raw: "oom_mark_victim_raw",
+    };
+    /// `oom/mark_victim` where it passes only `int pid` (Linux < 6.2).
+    pub const OOM_MARK_VICTIM_PID: AttachPoint = AttachPoint {
+        tracepoint: "mark_victim",
+        btf: "oom_mark_victim_pid_btf",
+        raw: "oom_mark_victim_pid_raw",
+    };
+    /// `signal/signal_generate`: the SIGKILL targets the pid-only
+    /// `mark_victim` programs look their victim up in.
+    pub const SIGNAL_GENERATE: AttachPoint = AttachPoint {
+        tracepoint: "signal_generate",
+        btf: "signal_generate_btf",
+        raw: "signal_generate_raw",
     };
     pub const CGROUP_MKDIR: AttachPoint = AttachPoint {
         tracepoint: "cgroup_mkdir",

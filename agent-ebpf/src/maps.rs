@@ -56,6 +56,13 @@ pub static WATCHED: HashMap<u64, WatchedCgroup> = HashMap::with_max_entries(6553
 #[map(name = "MEMCG_STATE")]
 pub static MEMCG_STATE: LruHashMap<u64, MemcgState> = LruHashMap::with_max_entries(65536, 0);
 
+/// pid → `task_struct *` of the latest SIGKILL targets (only on kernels
+/// whose `mark_victim` passes just a pid; see `signal_generate`). The OOM
+/// killer holds a reference on its victim until it is marked, so the
+/// pointer is live when `mark_victim` looks it up.
+#[map(name = "SIGKILLED")]
+pub static SIGKILLED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
+
 /// Per CPU: the mm seen last and how many more of its RSS changes to skip.
 #[map(name = "FAST_PATH")]
 pub static FAST_PATH: PerCpuArray<FastPath> = PerCpuArray::with_max_entries(1, 0);

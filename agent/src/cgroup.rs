@@ -291,6 +291,7 @@ impl OwnedCgroup {
     /// Creates the directory (its parents too).
     pub fn create(path: PathBuf) -> io::Result<Self> {
         fs::create_dir_all(&path)?;
+        enable_memory_controller_above(&path)?;
         Ok(Self { path })
     }
 
@@ -308,11 +309,20 @@ impl OwnedCgroup {
             if self.path.join("memory.memsw.limit_in_bytes").exists() {
                 self.write("memory.memsw.limit_in_bytes", &value)?;
             }
-        } else {
+        } else if self.path.join("memory.max").exists() {
             self.write("memory.max", &value)?;
             if self.path.join("memory.swap.max").exists() {
                 self.write("memory.swap.max", "0")?;
             }
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{} has no memory controller of its own (cgroup v2: its parent has \
+                     processes of its own), so it cannot have a hard limit",
+                    self.path.display()
+                ),
+            ));
         }
         Ok(())
     }
@@ -351,6 +361,55 @@ impl Drop for OwnedCgroup {
             tracing::warn!(cgroup = %self.path.display(), %error, "could not remove cgroup");
         }
     }
+}
+
+/// On cgroup v2 a cgroup has a memory controller of its own only when
+/// every ancestor lists `memory` in `cgroup.subtree_control`; without it
+/// its memory is charged to (and limited by) the nearest ancestor that has
+/// one, and `memory.max` does not exist. Enables it top-down from the
+/// hierarchy's root to `path`'s parent, where missing. On v1 (no
+/// `cgroup.subtree_control`) there is nothing to do.
+///
+/// A v2 cgroup with processes of its own cannot enable it (the kernel's
+/// "no internal processes" rule, EBUSY): the new cgroup then shares its
+/// parent's memory controller, which is said in a warning; setting a hard
+/// limit on it fails with a reason.
+fn enable_memory_controller_above(path: &Path) -> io::Result<()> {
+    let mut ancestors: Vec<&Path> = path
+        .ancestors()
+        .skip(1)
+        .take_while(|dir| dir.join("cgroup.subtree_control").exists())
+        .collect();
+    ancestors.reverse();
+    for dir in ancestors {
+        let control = dir.join("cgroup.subtree_control");
+        let enabled = fs::read_to_string(&control)?;
+        if enabled.split_whitespace().any(|c| c == "memory") {
+            continue;
+        }
+        match fs::write(&control, "+memory") {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                tracing::warn!(
+                    parent = %dir.display(),
+                    cgroup = %path.display(),
+                    "the parent cgroup has processes of its own, so (cgroup v2) its children \
+                     cannot have a memory controller: the new cgroup's memory counts as its parent's"
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "enabling the memory controller in {}: {e}",
+                        control.display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The kernel's OOM-kill count for a cgroup's own tasks (see

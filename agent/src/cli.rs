@@ -78,6 +78,10 @@ pub struct DoctorArgs {
     /// Kernel BTF to check.
     #[arg(long, value_name = "FILE", default_value = crate::probe::btf::VMLINUX_BTF)]
     pub btf_path: PathBuf,
+    /// One JSON object (the checks, the hooks attached, the sources)
+    /// instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -8,10 +8,15 @@ use caps::{CapSet, Capability};
 
 use crate::{
     cgroup::MemoryHierarchy,
-    probe::{btf, ebpf::EbpfProbe},
+    probe::{
+        btf,
+        ebpf::{AttachedHook, EbpfProbe},
+        hooks::VictimForm,
+    },
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum State {
     Ok,
     /// Works, with a caveat.
@@ -20,7 +25,7 @@ pub enum State {
     Fail,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub struct Check {
     pub name: String,
     pub state: State,
@@ -35,10 +40,37 @@ fn check(name: impl Into<String>, state: State, detail: impl Into<String>) -> Ch
     }
 }
 
+/// Everything the doctor found, for `memwatch doctor --json` (what
+/// `cargo xtask vm-test` writes docs/kernels.md from).
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    /// `uname -r`.
+    pub kernel: String,
+    /// Whether `memwatch run` would find a usable source.
+    pub usable: bool,
+    /// `ebpf`, `poll` or `none`.
+    pub source: &'static str,
+    /// Every hook the probe attached (empty without eBPF).
+    pub hooks: Vec<AttachedHook>,
+    /// How memory growth is followed.
+    pub growth: String,
+    /// How OOM victims are found.
+    pub oom: String,
+    /// The table; the last row is the verdict.
+    pub rows: Vec<Check>,
+}
+
 /// Runs every check; the last row is the verdict. Returns the rows and
 /// whether `memwatch run` would find a usable source.
 pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
+    let report = report(btf_path);
+    (report.rows, report.usable)
+}
+
+/// Runs every check, and loads and attaches the probe as `run` would.
+pub fn report(btf_path: &Path) -> Report {
     let mut rows = Vec::new();
+    let mut victim_form = None;
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     rows.push(check("kernel", State::Ok, release.trim()));
 
@@ -55,16 +87,18 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
                 ),
                 Err(e) => check("struct offsets", State::Fail, e.to_string()),
             });
-            rows.push(match btf::mark_victim_passes_task(b) {
-                Ok(true) => check(
+            victim_form = VictimForm::of(b).ok();
+            rows.push(match VictimForm::of(b) {
+                Ok(VictimForm::Task) => check(
                     "oom/mark_victim",
                     State::Ok,
                     "passes the victim's task_struct",
                 ),
-                Ok(false) => check(
+                Ok(VictimForm::Pid) => check(
                     "oom/mark_victim",
-                    State::Fail,
-                    "passes only a pid (Linux < 6.2)",
+                    State::Ok,
+                    "passes only a pid (Linux < 6.2): the victim's task comes from \
+                     signal/signal_generate (the OOM killer's SIGKILL)",
                 ),
                 Err(e) => check("oom/mark_victim", State::Fail, e.to_string()),
             });
@@ -158,6 +192,33 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
     // Without it, `run` polls the cgroup files (when there are any).
     let probe = EbpfProbe::load(btf_path, &Default::default());
     let usable = hierarchy.is_ok();
+    let (source, hooks, growth, oom) = match &probe {
+        Ok(p) => {
+            for hook in p.hooks() {
+                rows.push(check(
+                    format!("hook {}", hook.tracepoint),
+                    State::Ok,
+                    format!("{} ({:?})", hook.attach.as_str(), hook.role).to_lowercase(),
+                ));
+            }
+            let growth = match p.growth_unavailable() {
+                None => "kernel (sched/sched_stat_runtime)".to_string(),
+                Some(_) => "sampling (cgroup files)".to_string(),
+            };
+            let oom = match victim_form {
+                Some(VictimForm::Pid) => "mark_victim (pid) + signal_generate (task)",
+                _ => "mark_victim (task)",
+            };
+            ("ebpf", p.hooks().to_vec(), growth, oom.to_string())
+        }
+        Err(_) if usable => (
+            "poll",
+            Vec::new(),
+            "sampling (cgroup files)".to_string(),
+            "poll (oom_kill counters)".to_string(),
+        ),
+        Err(_) => ("none", Vec::new(), "none".to_string(), "none".to_string()),
+    };
     rows.push(match (probe, &hierarchy) {
         (Err(e), Ok(_)) => check(
             "source for `run`",
@@ -180,7 +241,15 @@ pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
             ),
         ),
     });
-    (rows, usable)
+    Report {
+        kernel: release.trim().to_string(),
+        usable,
+        source,
+        hooks,
+        growth,
+        oom,
+        rows,
+    }
 }
 
 pub fn render(rows: &[Check]) -> String {

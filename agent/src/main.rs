@@ -27,9 +27,16 @@ async fn main() -> ExitCode {
         Command::Events(args) => report(memwatch::client::events(&args).await),
         Command::Status(args) => report(memwatch::status_cmd::status(&args).await),
         Command::Doctor(args) => {
-            let (rows, usable) = memwatch::doctor::diagnose(&args.btf_path);
-            print!("{}", memwatch::doctor::render(&rows));
-            if usable {
+            let report = memwatch::doctor::report(&args.btf_path);
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(json) => println!("{json}"),
+                    Err(error) => eprintln!("memwatch: doctor: {error}"),
+                }
+            } else {
+                print!("{}", memwatch::doctor::render(&report.rows));
+            }
+            if report.usable {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

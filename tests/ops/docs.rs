@@ -220,6 +220,7 @@ fn readme_links_the_docs() {
         "docs/metrics.md",
         "docs/events.md",
         "docs/troubleshooting.md",
+        "docs/kernels.md",
     ] {
         assert!(
             readme.contains(&format!("({doc})")),
@@ -227,4 +228,32 @@ fn readme_links_the_docs() {
         );
         read(doc);
     }
+}
+
+#[test]
+fn kernels_doc_is_written_by_vm_test_and_covers_the_ci_matrix() {
+    let doc = read("docs/kernels.md");
+    assert!(
+        doc.contains("<!-- Written by `cargo xtask vm-test`"),
+        "docs/kernels.md is written by `cargo xtask vm-test`, not by hand"
+    );
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| kernel "))
+        .collect();
+    for line in ["6.1.", "6.12."] {
+        assert!(
+            rows.iter()
+                .any(|r| r.starts_with(&format!("| {line}")) && r.contains("| v2 |")),
+            "docs/kernels.md has no {line}x row on cgroup v2: {rows:?}"
+        );
+    }
+    assert!(
+        rows.iter().any(|r| r.contains("| host |")),
+        "docs/kernels.md has no row for the host's kernel: {rows:?}"
+    );
+    assert!(
+        !doc.contains("FAILED"),
+        "docs/kernels.md records a failed run"
+    );
 }

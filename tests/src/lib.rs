@@ -57,6 +57,19 @@ pub fn in_ci() -> bool {
 /// returns the wall-clock time (Unix nanoseconds) memhog printed when it had
 /// touched `mark` MiB.
 pub fn exec_memhog_with_mark(agent: &str, cap: &str, task: &str, mib: u32, mark: u32) -> i64 {
+    exec_memhog_with_mark_and_pace(agent, cap, task, mib, mark).0
+}
+
+/// [`exec_memhog_with_mark`], and memhog's own pace before the mark
+/// (nanoseconds per MiB touched): how long the workload itself takes to
+/// go on from the mark to the cap on this machine (or emulator).
+pub fn exec_memhog_with_mark_and_pace(
+    agent: &str,
+    cap: &str,
+    task: &str,
+    mib: u32,
+    mark: u32,
+) -> (i64, i64) {
     let out = std::process::Command::new(workspace_bin("memwatch"))
         .args([
             "exec",
@@ -79,9 +92,12 @@ pub fn exec_memhog_with_mark(agent: &str, cap: &str, task: &str, mib: u32, mark:
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("mark "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("memhog printed no mark: {stdout}"))
+    let field = |key: &str| -> i64 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("memhog printed no {key}: {stdout}"))
+    };
+    (field("mark "), field("pace "))
 }

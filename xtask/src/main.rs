@@ -5,14 +5,22 @@
 //! - `test`:  setup, format and lint checks, build, and every test.
 //! - `bench`: setup, then benchmarks that print ratios measured side by side.
 //! - `image`: setup, release build, and the OCI image (buildah, no registry).
+//! - `vm-test`: setup, then the kernel tests on Debian kernels booted in QEMU
+//!   (pure cgroup v2) and on this host; writes docs/kernels.md.
 
 mod bench;
 mod bench_delay;
 mod bench_idle;
 mod bench_storm;
+mod kernels_doc;
 mod setup;
 mod shell;
 mod test;
+mod vm;
+mod vm_initramfs;
+mod vm_kernel;
+
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -42,12 +50,32 @@ enum Task {
     Image,
     /// Set up, check formatting and lints, build, and run every test.
     Test {
+        /// Also run the kernel matrix (`vm-test`) after the tests; on by
+        /// default when CI=true.
+        #[arg(long)]
+        vm: bool,
         /// Skip `cargo fmt --check` and clippy.
         #[arg(long)]
         no_lint: bool,
         /// Extra arguments for `cargo test` (a filter, `--nocapture`, …), after `--`.
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Set up, then run the kernel tests on Debian kernels booted in QEMU
+    /// (pure cgroup v2) and on this host; print a summary per kernel and
+    /// write docs/kernels.md (as root).
+    VmTest {
+        /// A kernel: a Debian line (`6.1`, `6.12`: its newest package), a
+        /// version (`6.1.0-48`), a package name, or `host`. Repeatable;
+        /// default: 6.1, 6.12 and host.
+        #[arg(long = "kernel")]
+        kernels: Vec<String>,
+        /// Seconds allowed per kernel (boot and tests); scaled up under TCG.
+        #[arg(long, default_value_t = 240)]
+        timeout: u64,
+        /// Leave docs/kernels.md as it is.
+        #[arg(long)]
+        no_docs: bool,
     },
 }
 
@@ -78,9 +106,34 @@ fn main() -> anyhow::Result<()> {
             ];
             shell::run(&script, &args)
         }
-        Task::Test { no_lint, args } => {
+        Task::Test { vm, no_lint, args } => {
             setup::ensure()?;
-            test::run(!no_lint, &args)
+            test::run(!no_lint, &args)?;
+            if vm || ci() {
+                vm::run(&vm::Options {
+                    kernels: Vec::new(),
+                    timeout: Duration::from_secs(240),
+                    write_docs: true,
+                })?;
+            }
+            Ok(())
+        }
+        Task::VmTest {
+            kernels,
+            timeout,
+            no_docs,
+        } => {
+            setup::ensure()?;
+            vm::run(&vm::Options {
+                kernels,
+                timeout: Duration::from_secs(timeout),
+                write_docs: !no_docs,
+            })
         }
     }
+}
+
+/// `CI=true` (or `1`): the kernel matrix runs as part of `test`.
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }

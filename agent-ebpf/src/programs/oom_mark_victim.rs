@@ -3,7 +3,9 @@
 //! The tracepoint runs in the context of the task whose allocation triggered
 //! the OOM, not the victim's: everything here is read from the victim's
 //! `task_struct`, the tracepoint's first argument (`TP_PROTO(struct
-//! task_struct *task, uid_t uid)` since Linux 6.2).
+//! task_struct *task, uid_t uid)` since Linux 6.2). Before 6.2 it passes
+//! only `int pid`: the `_pid` programs then take the victim's task from
+//! what `signal_generate` remembered of the SIGKILL the OOM killer sent it.
 
 use agent_common::{COMM_LEN, KernelOffsets, OomVictimEvent, ProbeCounter, RecordKind};
 use aya_ebpf::{
@@ -12,7 +14,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{EVENTS, OFFSETS, count, read};
+use crate::maps::{EVENTS, OFFSETS, SIGKILLED, count, read};
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
@@ -30,6 +32,73 @@ pub fn oom_mark_victim_raw(ctx: RawTracePointContext) -> i32 {
         Ok(()) => 0,
         Err(code) => code,
     }
+}
+
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_mark_victim_pid_btf(ctx: BtfTracePointContext) -> i32 {
+    let pid: u64 = ctx.arg(0);
+    result(try_mark_victim_pid(pid as u32))
+}
+
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn oom_mark_victim_pid_raw(ctx: RawTracePointContext) -> i32 {
+    let pid: u64 = ctx.arg(0);
+    result(try_mark_victim_pid(pid as u32))
+}
+
+fn result(r: Result<(), i32>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(code) => code,
+    }
+}
+
+/// Linux < 6.2: the victim's task from the SIGKILL sent to this pid, when
+/// it is still that pid's (a recycled pid's stale entry is not).
+fn try_mark_victim_pid(pid: u32) -> Result<(), i32> {
+    let off = OFFSETS.load();
+    if off.valid == 0 {
+        return Err(1);
+    }
+    // SAFETY: a read-only copy of a map value.
+    let task = unsafe { SIGKILLED.get(pid) }.copied().unwrap_or(0) as *const u8;
+    let current = !task.is_null() && read::<i32>(task, off.task_pid).is_ok_and(|p| p as u32 == pid);
+    if current {
+        let done = try_mark_victim(task);
+        let _ = SIGKILLED.remove(pid);
+        return done;
+    }
+    mark_victim_unknown(pid)
+}
+
+/// A victim whose task was not found: its pid, flagged partial, so the
+/// OOM kill is still reported (user space reads the rest from /proc).
+fn mark_victim_unknown(pid: u32) -> Result<(), i32> {
+    count(ProbeCounter::OomSeen);
+    count(ProbeCounter::ReadErrors);
+    let Some(mut entry) = EVENTS.reserve::<OomVictimEvent>(0) else {
+        count(ProbeCounter::RingbufFull);
+        return Err(2);
+    };
+    entry.write(OomVictimEvent {
+        kind: RecordKind::OomVictim as u32,
+        flags: OomVictimEvent::FLAG_PARTIAL
+            | OomVictimEvent::FLAG_NO_MEMCG
+            | OomVictimEvent::FLAG_NO_MM,
+        boot_time_ns: unsafe { bpf_ktime_get_boot_ns() },
+        memcg_id: 0,
+        total_vm_pages: 0,
+        anon_rss_pages: 0,
+        file_rss_pages: 0,
+        shmem_rss_pages: 0,
+        pid,
+        tgid: pid,
+        trigger_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        _reserved: 0,
+        comm: [0; COMM_LEN],
+    });
+    entry.submit(0);
+    Ok(())
 }
 
 fn try_mark_victim(task: *const u8) -> Result<(), i32> {

@@ -82,6 +82,17 @@ pub fn cgroup(bytes: &[u8]) -> Result<CgroupChange, DecodeError> {
     })
 }
 
+fn boot_time_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec; CLOCK_BOOTTIME exists on every
+    // kernel that can run the probe.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
 /// A pair of clock readings taken together, to turn the kernel's boot-time
 /// stamps into wall-clock time.
 #[derive(Clone, Copy, Debug)]
@@ -91,20 +102,30 @@ pub struct ClockPair {
 }
 
 impl ClockPair {
-    /// Reads CLOCK_BOOTTIME (what `bpf_ktime_get_boot_ns` uses) and the wall clock.
+    /// Reads CLOCK_BOOTTIME (what `bpf_ktime_get_boot_ns` uses) between two
+    /// wall-clock readings and pairs it with their midpoint, keeping the
+    /// tightest of a few tries: a thread preempted between two readings
+    /// (a busy host, a VM's vCPU descheduled) would otherwise shift every
+    /// converted stamp by the gap.
     pub fn now() -> Self {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec; CLOCK_BOOTTIME exists on every
-        // kernel that can run the probe.
-        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-        let boot_ns = (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64;
-        Self {
-            boot_ns,
-            wall: Utc::now(),
+        let mut best: Option<(TimeDelta, Self)> = None;
+        for _ in 0..3 {
+            let before = Utc::now();
+            let boot_ns = boot_time_ns();
+            let after = Utc::now();
+            let window = after - before;
+            let pair = Self {
+                boot_ns,
+                wall: before + window / 2,
+            };
+            if best.as_ref().is_none_or(|(w, _)| window < *w) {
+                best = Some((window, pair));
+            }
+            if window < TimeDelta::microseconds(20) {
+                break;
+            }
         }
+        best.map(|(_, pair)| pair).expect("at least one reading")
     }
 
     /// Wall-clock time of a boot-time stamp.

@@ -12,8 +12,7 @@ use std::sync::{
 
 use agent_common::{
     FastPath, GROWTH_GLOBAL, GrowthSettings, KernelOffsets, OFFSETS_GLOBAL, ProbeCounter,
-    WatchedCgroup, maps,
-    programs::{self, AttachPoint},
+    WatchedCgroup, maps, programs::AttachPoint,
 };
 use aya::{
     Ebpf, EbpfLoader,
@@ -31,6 +30,7 @@ use super::{
     KernelWatch, ProbeEvent,
     btf::{self, BtfError},
     decode::{self, ClockPair},
+    hooks::{self, Growth, Role, VictimForm},
     privilege,
 };
 
@@ -46,10 +46,6 @@ pub enum ProbeError {
     Privilege { missing: String },
     #[error("kernel BTF: {0}")]
     Btf(#[from] BtfError),
-    #[error(
-        "this kernel's oom/mark_victim tracepoint passes only a pid (Linux < 6.2); not supported by the eBPF source yet"
-    )]
-    MarkVictimWithoutTask,
     #[error("loading the eBPF object: {0}")]
     Load(#[source] Box<aya::EbpfError>),
     #[error("eBPF object: `{name}` {detail}")]
@@ -81,6 +77,20 @@ impl AttachKind {
     }
 }
 
+/// A hook as attached: what for, and how.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct AttachedHook {
+    /// `category/name` in tracefs.
+    pub tracepoint: &'static str,
+    pub role: Role,
+    #[serde(serialize_with = "attach_str")]
+    pub attach: AttachKind,
+}
+
+fn attach_str<S: serde::Serializer>(kind: &AttachKind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(kind.as_str())
+}
+
 /// How to load the probe.
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeOptions {
@@ -108,6 +118,7 @@ impl Default for ProbeOptions {
 pub struct EbpfProbe {
     ebpf: Ebpf,
     attach: AttachKind,
+    hooks: Vec<AttachedHook>,
     counters: PerCpuArray<MapData, u64>,
     /// The growth program's per-CPU fast path (its event count); `None`
     /// when the growth program is not attached.
@@ -159,9 +170,7 @@ impl EbpfProbe {
         raise_memlock_limit();
 
         let kernel_btf = btf::load(btf_path)?;
-        if !btf::mark_victim_passes_task(&kernel_btf)? {
-            return Err(ProbeError::MarkVictimWithoutTask);
-        }
+        let victim_form = VictimForm::of(&kernel_btf)?;
         let stats = options
             .stats
             .then(|| aya::sys::enable_stats(aya::sys::Stats::RunTime))
@@ -180,31 +189,33 @@ impl EbpfProbe {
             .override_global(GROWTH_GLOBAL, &growth, true)
             .load(PROGRAMS)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
-        // Attach the cgroup lifecycle first: a cgroup made between the two
-        // attaches is then never missed by the OOM path's resolver.
         let aya_btf =
             aya::Btf::parse_file(btf_path, aya::Endianness::default()).map_err(|e| e.to_string());
         let mut attach = AttachKind::BtfTracePoint;
-        let mut points = vec![
-            programs::CGROUP_MKDIR,
-            programs::CGROUP_RMDIR,
-            programs::OOM_MARK_VICTIM,
-        ];
-        match &growth_unavailable {
-            None if options.floor => points.push(programs::GROWTH_FLOOR),
-            None => points.push(programs::GROWTH),
-            Some(reason) => warn!(%reason, "memory growth is followed by sampling only"),
-        }
-        for point in points {
-            let kind = attach_point(&mut ebpf, &aya_btf, point)?;
+        let growth_hook = match &growth_unavailable {
+            None if options.floor => Growth::Floor,
+            None => Growth::Program,
+            Some(reason) => {
+                warn!(%reason, "memory growth is followed by sampling only");
+                Growth::Off
+            }
+        };
+        let mut attached = Vec::new();
+        for hook in hooks::plan(victim_form, growth_hook) {
+            let kind = attach_point(&mut ebpf, &aya_btf, hook.point)?;
             info!(
-                tracepoint = point.tracepoint,
+                tracepoint = hook.label,
                 attach = kind.as_str(),
                 "probe attached"
             );
             if kind == AttachKind::RawTracePoint {
                 attach = kind;
             }
+            attached.push(AttachedHook {
+                tracepoint: hook.label,
+                role: hook.role,
+                attach: kind,
+            });
         }
         let counters = take_map(&mut ebpf, maps::PROBE_COUNTERS, PerCpuArray::try_from)?;
         let (fast_path, watched) = if growth_unavailable.is_none() {
@@ -222,6 +233,7 @@ impl EbpfProbe {
         Ok(Self {
             ebpf,
             attach,
+            hooks: attached,
             counters,
             fast_path,
             watched,
@@ -233,6 +245,11 @@ impl EbpfProbe {
     /// `tp_btf` when every program attached that way, else `raw_tracepoint`.
     pub fn attach_kind(&self) -> AttachKind {
         self.attach
+    }
+
+    /// Every hook attached, in attach order.
+    pub fn hooks(&self) -> &[AttachedHook] {
+        &self.hooks
     }
 
     /// Starts the task that reads the ring buffer into `tx`. When `tx` is

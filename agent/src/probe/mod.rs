@@ -6,6 +6,7 @@
 pub mod btf;
 pub mod decode;
 pub mod ebpf;
+pub mod hooks;
 pub mod poll;
 pub mod privilege;
 

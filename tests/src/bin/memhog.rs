@@ -2,8 +2,13 @@
 //! a time, then holds it for HOLD_SECS (default 60) and exits 0.
 //!
 //! With `MEMHOG_MARK_MIB=N` it prints `mark <unix nanoseconds>` on stdout the
-//! moment it has touched N MiB (tests time the agent's reaction from it).
+//! moment it has touched N MiB (tests time the agent's reaction from it),
+//! and `pace <nanoseconds per MiB>` over the 4 MiB before it (how fast this
+//! machine, or emulator, lets it go on past the mark).
 use std::{thread, time::Duration};
+
+/// MiB before the mark over which the pace is measured.
+const PACE_MIB: usize = 4;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -17,11 +22,18 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok());
     let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut pace_from = None;
     for n in 0..mib {
+        if mark.is_some_and(|m| m >= PACE_MIB && n == m - PACE_MIB) {
+            pace_from = Some(std::time::Instant::now());
+        }
         if mark == Some(n) {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .expect("clock after 1970");
+            if let Some(from) = pace_from {
+                println!("pace {}", from.elapsed().as_nanos() / PACE_MIB as u128);
+            }
             println!("mark {}", now.as_nanos());
             use std::io::Write as _;
             let _ = std::io::stdout().flush();
