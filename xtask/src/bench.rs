@@ -203,17 +203,7 @@ pub fn release_bins(what: &str) -> anyhow::Result<std::path::PathBuf> {
     if !shell::is_root() {
         bail!("{what}: run it as root");
     }
-    shell::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "memwatch",
-        "-p",
-        "memwatch-tests",
-        "--bins",
-    ])?;
-    Ok(shell::workspace_root().join("target/release"))
+    shell::build_bins(true)
 }
 
 fn time_workload(bin: &std::path::Path) -> anyhow::Result<f64> {

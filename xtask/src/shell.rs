@@ -67,6 +67,19 @@ pub fn cargo<S: AsRef<OsStr>>(args: &[S]) -> anyhow::Result<()> {
     run(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()), args)
 }
 
+/// Builds the agent and the test crate's binaries (memhog, faultbench...),
+/// in release or debug, and returns their directory.
+pub fn build_bins(release: bool) -> anyhow::Result<PathBuf> {
+    let mut args = vec!["build", "--locked"];
+    if release {
+        args.push("--release");
+    }
+    args.extend(["-p", "memwatch", "-p", "memwatch-tests", "--bins"]);
+    cargo(&args)?;
+    let profile = if release { "release" } else { "debug" };
+    Ok(workspace_root().join("target").join(profile))
+}
+
 /// A command's stdout, or `None` when it cannot run or fails.
 pub fn output<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;

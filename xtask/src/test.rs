@@ -37,15 +37,7 @@ pub fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
         )?;
     }
     // The kernel tests run the real binaries: build them first.
-    shell::cargo(&[
-        "build",
-        "--locked",
-        "-p",
-        "memwatch",
-        "-p",
-        "memwatch-tests",
-        "--bins",
-    ])?;
+    shell::build_bins(false)?;
     let mut args: Vec<String> = vec!["test".into(), "--locked".into()];
     args.extend(HOST_CRATES.map(String::from));
     args.push("--".into());

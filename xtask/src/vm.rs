@@ -175,17 +175,7 @@ fn ensure_tools() -> anyhow::Result<()> {
 
 /// The release binaries and the kernel test executables.
 fn build() -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    shell::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "memwatch",
-        "-p",
-        "memwatch-tests",
-        "--bins",
-    ])?;
-    let release = shell::workspace_root().join("target/release");
+    let release = shell::build_bins(true)?;
     let binaries: Vec<PathBuf> = BINARIES.iter().map(|b| release.join(b)).collect();
     let mut args = vec![
         "test",

@@ -231,28 +231,21 @@ fn version_key(version: &str) -> Vec<u64> {
 }
 
 fn find_vmlinuz(unpacked: &Path) -> Option<PathBuf> {
-    fs::read_dir(unpacked.join("boot"))
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("vmlinuz-"))
-        })
+    find_file(&unpacked.join("boot"), |n| n.starts_with("vmlinuz-"))
 }
 
 fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
     let prefix = format!("{package}_");
+    find_file(dir, |n| n.starts_with(&prefix) && n.ends_with(".deb"))
+}
+
+/// The first entry of `dir` whose file name `wanted` accepts.
+fn find_file(dir: &Path, wanted: impl Fn(&str) -> bool) -> Option<PathBuf> {
     fs::read_dir(dir)
         .ok()?
         .flatten()
         .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
-        })
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&wanted))
 }
 
 fn os_codename() -> Option<String> {

@@ -80,23 +80,12 @@ fn mark_victim_unknown(pid: u32) -> Result<(), i32> {
         count(ProbeCounter::RingbufFull);
         return Err(2);
     };
-    entry.write(OomVictimEvent {
-        kind: RecordKind::OomVictim as u32,
-        flags: OomVictimEvent::FLAG_PARTIAL
-            | OomVictimEvent::FLAG_NO_MEMCG
-            | OomVictimEvent::FLAG_NO_MM,
-        boot_time_ns: unsafe { bpf_ktime_get_boot_ns() },
-        memcg_id: 0,
-        total_vm_pages: 0,
-        anon_rss_pages: 0,
-        file_rss_pages: 0,
-        shmem_rss_pages: 0,
-        pid,
-        tgid: pid,
-        trigger_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
-        _reserved: 0,
-        comm: [0; COMM_LEN],
-    });
+    let mut event = blank_event();
+    event.flags =
+        OomVictimEvent::FLAG_PARTIAL | OomVictimEvent::FLAG_NO_MEMCG | OomVictimEvent::FLAG_NO_MM;
+    event.pid = pid;
+    event.tgid = pid;
+    entry.write(event);
     entry.submit(0);
     Ok(())
 }
@@ -112,21 +101,7 @@ fn try_mark_victim(task: *const u8) -> Result<(), i32> {
         count(ProbeCounter::RingbufFull);
         return Err(2);
     };
-    let mut event = OomVictimEvent {
-        kind: RecordKind::OomVictim as u32,
-        flags: 0,
-        boot_time_ns: unsafe { bpf_ktime_get_boot_ns() },
-        memcg_id: 0,
-        total_vm_pages: 0,
-        anon_rss_pages: 0,
-        file_rss_pages: 0,
-        shmem_rss_pages: 0,
-        pid: 0,
-        tgid: 0,
-        trigger_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
-        _reserved: 0,
-        comm: [0; COMM_LEN],
-    };
+    let mut event = blank_event();
     fill_identity(task, &off, &mut event);
     fill_memcg(task, &off, &mut event);
     fill_rss(task, &off, &mut event);
@@ -192,4 +167,24 @@ fn fill_rss(task: *const u8, off: &KernelOffsets, event: &mut OomVictimEvent) {
     event.anon_rss_pages = counter(off.mm_anonpages);
     event.file_rss_pages = counter(off.mm_filepages);
     event.shmem_rss_pages = counter(off.mm_shmempages);
+}
+
+/// A record stamped now, in the triggering task's name, every victim field zero.
+#[inline(always)]
+fn blank_event() -> OomVictimEvent {
+    OomVictimEvent {
+        kind: RecordKind::OomVictim as u32,
+        flags: 0,
+        boot_time_ns: unsafe { bpf_ktime_get_boot_ns() },
+        memcg_id: 0,
+        total_vm_pages: 0,
+        anon_rss_pages: 0,
+        file_rss_pages: 0,
+        shmem_rss_pages: 0,
+        pid: 0,
+        tgid: 0,
+        trigger_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        _reserved: 0,
+        comm: [0; COMM_LEN],
+    }
 }
