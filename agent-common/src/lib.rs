@@ -140,6 +140,14 @@ pub mod programs {
         btf: "oom_mark_victim_pid_btf",
         raw: "oom_mark_victim_pid_raw",
     };
+    /// Tests only (`memwatch run --probe-oom-by-pid`): on a kernel whose
+    /// `mark_victim` passes the task, only its pid is used and the victim
+    /// is found the pid-only kernels' way, through `signal_generate`.
+    pub const OOM_MARK_VICTIM_AS_PID: AttachPoint = AttachPoint {
+        tracepoint: "mark_victim",
+        btf: "oom_mark_victim_as_pid_btf",
+        raw: "oom_mark_victim_as_pid_btf",
+    };
     /// `signal/signal_generate`: the SIGKILL targets the pid-only
     /// `mark_victim` programs look their victim up in.
     pub const SIGNAL_GENERATE: AttachPoint = AttachPoint {

@@ -373,6 +373,7 @@ async fn start_source(
     let options = ProbeOptions {
         growth: config.growth_settings(),
         floor: config.probe_floor,
+        oom_by_pid: config.probe_oom_by_pid,
         stats: config.bpf_stats,
     };
     let loaded = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path, &options))

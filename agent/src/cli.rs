@@ -116,6 +116,10 @@ pub struct RunArgs {
     /// hook's own cost with it).
     #[arg(long, hide = true)]
     pub probe_floor: bool,
+    /// Tests only: find OOM victims the way kernels older than 6.2 must
+    /// (`mark_victim`'s pid, the task from `signal_generate`), on this one.
+    #[arg(long, hide = true)]
+    pub probe_oom_by_pid: bool,
     /// Event source: `auto` (eBPF, else polling the cgroup files), `ebpf`, `poll`.
     #[arg(long, value_enum)]
     pub source: Option<crate::config::SourceChoice>,
@@ -129,6 +133,7 @@ impl RunArgs {
             state_dir: self.state_dir.clone(),
             webhooks: self.webhooks.clone(),
             probe_floor: self.probe_floor,
+            probe_oom_by_pid: self.probe_oom_by_pid,
             source: self.source,
         }
     }

@@ -70,6 +70,8 @@ pub struct Config {
     pub growth_step: u64,
     /// Benchmarks only (`--probe-floor`): an empty program on the growth hook.
     pub probe_floor: bool,
+    /// Tests only (`--probe-oom-by-pid`): OOM victims found the pre-6.2 way.
+    pub probe_oom_by_pid: bool,
     /// The event source.
     pub source: SourceChoice,
     /// Turn on the kernel's BPF run-time statistics (program run counts and
@@ -128,6 +130,7 @@ impl Default for Config {
             sample_interval: Duration::from_secs(1),
             growth_step: 64 << 20,
             probe_floor: false,
+            probe_oom_by_pid: false,
             source: SourceChoice::Auto,
             bpf_stats: false,
             api_token: None,
@@ -210,6 +213,8 @@ pub struct Overrides {
     pub webhooks: Vec<String>,
     /// `--probe-floor` (benchmarks only).
     pub probe_floor: bool,
+    /// `--probe-oom-by-pid` (tests only).
+    pub probe_oom_by_pid: bool,
     /// `--source`.
     pub source: Option<SourceChoice>,
 }
@@ -249,6 +254,7 @@ impl Config {
             config.listen = listen;
         }
         config.probe_floor = overrides.probe_floor;
+        config.probe_oom_by_pid = overrides.probe_oom_by_pid;
         if let Some(source) = overrides.source {
             config.source = source;
         }

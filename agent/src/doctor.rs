@@ -94,7 +94,7 @@ pub fn report(btf_path: &Path) -> Report {
                     State::Ok,
                     "passes the victim's task_struct",
                 ),
-                Ok(VictimForm::Pid) => check(
+                Ok(VictimForm::Pid | VictimForm::TaskAsPid) => check(
                     "oom/mark_victim",
                     State::Ok,
                     "passes only a pid (Linux < 6.2): the victim's task comes from \

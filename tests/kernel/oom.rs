@@ -186,6 +186,53 @@ fn oom_in(cgroup_line: String) -> (u32, std::process::ExitStatus) {
     }
 }
 
+/// Kernels before 6.2 pass `mark_victim` only a pid; the probe then finds
+/// the victim's task through the SIGKILL the OOM killer sent it
+/// (`signal/signal_generate`). No kernel in the matrix needs that path any
+/// more (Debian backported the task argument), so it is forced here
+/// (`--probe-oom-by-pid`: the task's pid only), and must give the same
+/// full attribution, nested limit included.
+#[tokio::test]
+async fn the_pid_only_oom_path_through_signal_generate_gives_full_attribution() {
+    if !kernel_tests_enabled("the_pid_only_oom_path_through_signal_generate_gives_full_attribution")
+    {
+        return;
+    }
+    let agent = Agent::start(&["--probe-oom-by-pid"]).await;
+    let parent = TestCgroup::create("bypid");
+    parent.limit(64 * MIB);
+    let child =
+        memwatch::cgroup::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
+    let line = format!(
+        "echo $$ > {}/cgroup.procs && exec {} 200 30",
+        child.path().display(),
+        workspace_bin("memhog").display()
+    );
+    let (pid, status) = oom_in(line);
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    let event = oom_event_of(&agent, pid).await;
+    assert_eq!(event.body.comm.as_deref(), Some("memhog"), "{event:?}");
+    assert_eq!(
+        event.body.cgroup.as_deref(),
+        child.path().to_str(),
+        "{event:?}"
+    );
+    assert_eq!(
+        event.body.limit_cgroup.as_deref(),
+        Some(parent.path_str()),
+        "{event:?}"
+    );
+    assert!(event.body.rss_bytes.unwrap_or(0) > 32 * MIB, "{event:?}");
+    let log = agent.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("probe attached") && l.contains("signal/signal_generate")),
+        "the signal_generate hook is attached; log:\n{log}"
+    );
+    drop(child);
+}
+
 #[tokio::test]
 async fn nested_oom_names_the_parent_whose_limit_was_hit() {
     if !kernel_tests_enabled("nested_oom_names_the_parent_whose_limit_was_hit") {

@@ -46,6 +46,19 @@ pub fn oom_mark_victim_pid_raw(ctx: RawTracePointContext) -> i32 {
     result(try_mark_victim_pid(pid as u32))
 }
 
+/// Tests only (`memwatch run --probe-oom-by-pid`): this kernel passes the
+/// victim's task, but only its pid is taken, and the victim is found as on
+/// kernels that pass nothing else (< 6.2), so that path runs for real here.
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_mark_victim_as_pid_btf(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    let off = OFFSETS.load();
+    match read::<i32>(task, off.task_pid) {
+        Ok(pid) => result(try_mark_victim_pid(pid as u32)),
+        Err(code) => code,
+    }
+}
+
 fn result(r: Result<(), i32>) -> i32 {
     match r {
         Ok(()) => 0,

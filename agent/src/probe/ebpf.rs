@@ -102,6 +102,9 @@ pub struct ProbeOptions {
     /// while the probe runs: each program's run count and time become
     /// metrics, at ~20 ns per run.
     pub stats: bool,
+    /// Tests only: find OOM victims the way kernels whose `mark_victim`
+    /// passes only a pid must (through `signal_generate`), on this kernel.
+    pub oom_by_pid: bool,
 }
 
 impl Default for ProbeOptions {
@@ -110,6 +113,7 @@ impl Default for ProbeOptions {
             growth: GrowthSettings::DEFAULT,
             floor: false,
             stats: false,
+            oom_by_pid: false,
         }
     }
 }
@@ -170,7 +174,10 @@ impl EbpfProbe {
         raise_memlock_limit();
 
         let kernel_btf = btf::load(btf_path)?;
-        let victim_form = VictimForm::of(&kernel_btf)?;
+        let victim_form = match VictimForm::of(&kernel_btf)? {
+            VictimForm::Task if options.oom_by_pid => VictimForm::TaskAsPid,
+            form => form,
+        };
         let stats = options
             .stats
             .then(|| aya::sys::enable_stats(aya::sys::Stats::RunTime))

@@ -39,6 +39,9 @@ pub enum VictimForm {
     Task,
     /// `int pid` only (before 6.2).
     Pid,
+    /// Tests only: the kernel passes the task, but the probe takes only its
+    /// pid and finds the victim the [`VictimForm::Pid`] way.
+    TaskAsPid,
 }
 
 impl VictimForm {
@@ -76,17 +79,18 @@ pub fn plan(form: VictimForm, growth: Growth) -> Vec<Hook> {
             "oom/mark_victim",
             Role::Oom,
         )),
-        VictimForm::Pid => {
+        VictimForm::Pid | VictimForm::TaskAsPid => {
             hooks.push(hook(
                 programs::SIGNAL_GENERATE,
                 "signal/signal_generate",
                 Role::Oom,
             ));
-            hooks.push(hook(
-                programs::OOM_MARK_VICTIM_PID,
-                "oom/mark_victim",
-                Role::Oom,
-            ));
+            let mark = if form == VictimForm::Pid {
+                programs::OOM_MARK_VICTIM_PID
+            } else {
+                programs::OOM_MARK_VICTIM_AS_PID
+            };
+            hooks.push(hook(mark, "oom/mark_victim", Role::Oom));
         }
     }
     match growth {
