@@ -134,5 +134,15 @@ mod tests {
                 "oom_mark_victim_btf"
             ]
         );
+        assert_eq!(
+            labels(plan(VictimForm::TaskAsPid, Growth::Floor)),
+            [
+                "cgroup_mkdir_btf",
+                "cgroup_rmdir_btf",
+                "signal_generate_btf",
+                "oom_mark_victim_as_pid_btf",
+                "growth_floor_btf"
+            ]
+        );
     }
 }
