@@ -1,14 +1,27 @@
 //! How fast the durable outbox takes events (each append is one SQLite
-//! transaction, WAL, synchronous=FULL) and reads them back.
+//! transaction, WAL, synchronous=FULL) and reads them back, and how fast
+//! the webhook sink then delivers them all to a receiver on 127.0.0.1
+//! (default batches of 100; each acknowledged batch moves the cursor).
 //!
 //! `cargo run --release -p memwatch --example outbox_bench -- [EVENTS] [DIR]`
 //! (DIR defaults to a temporary directory under $TMPDIR).
 
-use std::time::Instant;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use memwatch::{
+    config::WebhookConfig,
     event::{EventBody, EventKind},
-    shipper::outbox::{Limits, Outbox},
+    shipper::{
+        delivery,
+        outbox::{Limits, Outbox},
+        webhook::WebhookSink,
+    },
     telemetry::Metrics,
 };
 
@@ -21,7 +34,7 @@ fn main() {
     )
     .expect("temp dir");
     let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-    let outbox = Outbox::open(tmp.path(), "bench", Limits::default(), metrics).unwrap();
+    let outbox = Outbox::open(tmp.path(), "bench", Limits::default(), metrics.clone()).unwrap();
 
     let start = Instant::now();
     for i in 0..events {
@@ -62,4 +75,48 @@ fn main() {
         read as f64 / reading.as_secs_f64()
     );
     println!("state dir size: {:.1} MiB", size as f64 / (1 << 20) as f64);
+
+    let (delivered, took) = deliver_to_local_webhook(outbox, metrics, events);
+    println!(
+        "deliver: {delivered} events to a webhook on 127.0.0.1 in {:.2} s = {:.0} events/s",
+        took.as_secs_f64(),
+        delivered as f64 / took.as_secs_f64()
+    );
+}
+
+/// Runs the webhook sink over the outbox until a local receiver has counted
+/// `events` events (bounded: two minutes), and returns the count and time.
+fn deliver_to_local_webhook(outbox: Outbox, metrics: Metrics, events: u64) -> (u64, Duration) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async move {
+        let received = Arc::new(AtomicU64::new(0));
+        let counter = received.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let counter = counter.clone();
+                async move {
+                    let batch: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+                    counter.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let sink = WebhookSink::new(WebhookConfig::from_flag(0, &url).unwrap()).unwrap();
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let start = Instant::now();
+        let delivering = tokio::spawn(delivery::run(sink, outbox, metrics, shutdown));
+        let deadline = start + Duration::from_secs(120);
+        while received.load(Ordering::Relaxed) < events && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let took = start.elapsed();
+        let _ = stop.send(true);
+        let _ = delivering.await;
+        server.abort();
+        (received.load(Ordering::Relaxed), took)
+    })
 }
