@@ -24,21 +24,7 @@ pub fn nats_server_binary(test: &str) -> Option<PathBuf> {
     if root {
         // The machine's policy-rc.d keeps the packaged service from
         // starting; tests start their own server.
-        let apt = |args: &[&str]| {
-            Command::new("apt-get")
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .stdout(Stdio::null())
-                .status()
-                .expect("run apt-get")
-        };
-        let install = ["install", "-y", "-qq", "nats-server"];
-        if !apt(&install).success() {
-            // A fresh machine may have no package lists yet.
-            assert!(apt(&["update", "-qq"]).success(), "apt-get update");
-            let status = apt(&install);
-            assert!(status.success(), "apt-get install nats-server: {status}");
-        }
+        crate::process::apt_install(&["nats-server"], || which::which("nats-server").is_ok());
         return Some(which::which("nats-server").expect("nats-server after install"));
     }
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {

@@ -87,3 +87,35 @@ pub fn root_or_skip(test: &str, needs: &str) -> bool {
     eprintln!("skipped {test}: needs root ({needs})");
     false
 }
+
+/// `apt-get install` of `packages` unless `present()` already holds, one
+/// install at a time in this process (tests of one binary run in parallel,
+/// and two apt-gets fight over dpkg's lock), waiting for another process's
+/// apt-get up to 5 minutes; `apt-get update` first when the lists are
+/// missing. Panics, naming the packages, when they cannot be installed.
+pub fn apt_install(packages: &[&str], present: impl Fn() -> bool) {
+    static APT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = APT.lock().unwrap_or_else(|e| e.into_inner());
+    if present() {
+        return;
+    }
+    let apt = |args: &[&str]| {
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["-o", "DPkg::Lock::Timeout=300"])
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        run_bounded("apt-get", &mut cmd, Duration::from_secs(600))
+            .status
+            .success()
+    };
+    let install: Vec<&str> = ["install", "-y", "-qq"]
+        .into_iter()
+        .chain(packages.iter().copied())
+        .collect();
+    if !apt(&install) {
+        // A fresh machine may have no package lists yet.
+        assert!(apt(&["update", "-qq"]), "apt-get update");
+        assert!(apt(&install), "apt-get install {packages:?}");
+    }
+    assert!(present(), "{packages:?} missing after apt-get install");
+}

@@ -14,7 +14,7 @@ use std::{
 
 use crate::{
     agent::free_port,
-    process::{Guarded, root_or_skip, run_bounded},
+    process::{Guarded, apt_install, root_or_skip, run_bounded},
 };
 
 const PACKAGES: [&str; 4] = ["slurmctld", "slurmd", "slurm-client", "munge"];
@@ -40,23 +40,7 @@ pub fn slurm_available(test: &str) -> bool {
     ) {
         return false;
     }
-    let apt = |args: &[&str]| {
-        let mut cmd = Command::new("apt-get");
-        cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
-        run_bounded("apt-get", &mut cmd, Duration::from_secs(600))
-            .status
-            .success()
-    };
-    let install: Vec<&str> = ["install", "-y", "-qq"]
-        .into_iter()
-        .chain(PACKAGES)
-        .collect();
-    if !apt(&install) {
-        // A fresh machine may have no package lists yet.
-        assert!(apt(&["update", "-qq"]), "apt-get update");
-        assert!(apt(&install), "apt-get install {PACKAGES:?}");
-    }
-    assert!(present(), "Slurm binaries missing after apt-get install");
+    apt_install(&PACKAGES, present);
     true
 }
 
