@@ -112,8 +112,6 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root CI=true RUST_BACKTRACE=1 ME
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-mount -t tmpfs tmpfs /tmp
-mount -t tmpfs tmpfs /run
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
