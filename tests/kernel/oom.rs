@@ -186,6 +186,30 @@ fn oom_in(cgroup_line: String) -> (u32, std::process::ExitStatus) {
     }
 }
 
+/// A parent cgroup limited to 64 MiB with a child cgroup, and `memhog 200`
+/// OOM-killed in the child by the parent's limit: (parent, child, pid,
+/// exit status). Drop the child first.
+fn oom_in_nested(
+    name: &str,
+) -> (
+    TestCgroup,
+    memwatch::cgroup::OwnedCgroup,
+    u32,
+    std::process::ExitStatus,
+) {
+    let parent = TestCgroup::create(name);
+    parent.limit(64 * MIB);
+    let child =
+        memwatch::cgroup::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
+    let line = format!(
+        "echo $$ > {}/cgroup.procs && exec {} 200 30",
+        child.path().display(),
+        workspace_bin("memhog").display()
+    );
+    let (pid, status) = oom_in(line);
+    (parent, child, pid, status)
+}
+
 /// Kernels before 6.2 pass `mark_victim` only a pid; the probe then finds
 /// the victim's task through the SIGKILL the OOM killer sent it
 /// (`signal/signal_generate`). No kernel in the matrix needs that path any
@@ -199,16 +223,7 @@ async fn the_pid_only_oom_path_through_signal_generate_gives_full_attribution() 
         return;
     }
     let agent = Agent::start(&["--probe-oom-by-pid"]).await;
-    let parent = TestCgroup::create("bypid");
-    parent.limit(64 * MIB);
-    let child =
-        memwatch::cgroup::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
-    let line = format!(
-        "echo $$ > {}/cgroup.procs && exec {} 200 30",
-        child.path().display(),
-        workspace_bin("memhog").display()
-    );
-    let (pid, status) = oom_in(line);
+    let (parent, child, pid, status) = oom_in_nested("bypid");
     use std::os::unix::process::ExitStatusExt as _;
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
     let event = oom_event_of(&agent, pid).await;
@@ -239,16 +254,7 @@ async fn nested_oom_names_the_parent_whose_limit_was_hit() {
         return;
     }
     let agent = Agent::start(&[]).await;
-    let parent = TestCgroup::create("parent");
-    parent.limit(64 * MIB);
-    let child =
-        memwatch::cgroup::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
-    let line = format!(
-        "echo $$ > {}/cgroup.procs && exec {} 200 30",
-        child.path().display(),
-        workspace_bin("memhog").display()
-    );
-    let (pid, _) = oom_in(line);
+    let (parent, child, pid, _) = oom_in_nested("parent");
     let event = oom_event_of(&agent, pid).await;
     assert_eq!(
         event.body.cgroup.as_deref(),
