@@ -99,3 +99,13 @@ pub fn count(counter: ProbeCounter) {
         unsafe { *slot += 1 };
     }
 }
+
+/// A program's return value: 0, or the code of what went wrong (the kernel
+/// ignores it for tracepoints; it marks the failing step when debugging).
+#[inline(always)]
+pub fn ret(result: Result<(), i32>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(code) => code,
+    }
+}

@@ -13,33 +13,26 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{EVENTS, OFFSETS, count, read};
+use crate::maps::{EVENTS, OFFSETS, count, read, ret};
 
 #[btf_tracepoint(function = "cgroup_mkdir")]
 pub fn cgroup_mkdir_btf(ctx: BtfTracePointContext) -> i32 {
-    result(try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1)))
+    ret(try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1)))
 }
 
 #[raw_tracepoint(tracepoint = "cgroup_mkdir")]
 pub fn cgroup_mkdir_raw(ctx: RawTracePointContext) -> i32 {
-    result(try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1)))
+    ret(try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1)))
 }
 
 #[btf_tracepoint(function = "cgroup_rmdir")]
 pub fn cgroup_rmdir_btf(ctx: BtfTracePointContext) -> i32 {
-    result(try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1)))
+    ret(try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1)))
 }
 
 #[raw_tracepoint(tracepoint = "cgroup_rmdir")]
 pub fn cgroup_rmdir_raw(ctx: RawTracePointContext) -> i32 {
-    result(try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1)))
-}
-
-fn result(r: Result<(), i32>) -> i32 {
-    match r {
-        Ok(()) => 0,
-        Err(code) => code,
-    }
+    ret(try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1)))
 }
 
 fn try_record(kind: RecordKind, cgroup: *const u8, path: *const u8) -> Result<(), i32> {

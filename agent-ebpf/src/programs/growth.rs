@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 
 use crate::maps::{
-    EVENTS, FAST_PATH, GROWTH, MEMCG_STATE, MemcgState, OFFSETS, WATCHED, count, read,
+    EVENTS, FAST_PATH, GROWTH, MEMCG_STATE, MemcgState, OFFSETS, WATCHED, count, read, ret,
 };
 
 /// Ancestors looked at above the task's own memory cgroup (kubepods nest 4 deep).
@@ -67,26 +67,28 @@ fn on_runtime(task: *const u8) -> i32 {
         return 1;
     }
     // A task looked at lately: one read, and a check only if usage moved.
-    let mut hit = FAST_SLOTS;
+    let mut found = FAST_SLOTS;
     for i in 0..FAST_SLOTS {
-        let slot = &fast.slots[i];
-        if slot.task == task as u64 && now.wrapping_sub(slot.resolved_ns) < settings.resolve_ns {
-            hit = i;
+        if fast.slots[i].task == task as u64 {
+            found = i;
         }
     }
-    if hit < FAST_SLOTS {
-        let slot = &mut fast.slots[hit];
-        let memcg = slot.memcg as *const u8;
-        let Ok(usage) = read::<u64>(memcg, off.memcg_usage) else {
-            return 1;
-        };
-        if usage.abs_diff(slot.usage) < settings.check_pages as u64 {
-            return 0;
+    if found < FAST_SLOTS {
+        let slot = &mut fast.slots[found];
+        if now.wrapping_sub(slot.resolved_ns) < settings.resolve_ns {
+            let memcg = slot.memcg as *const u8;
+            let Ok(usage) = read::<u64>(memcg, off.memcg_usage) else {
+                return 1;
+            };
+            if usage.abs_diff(slot.usage) < settings.check_pages as u64 {
+                return 0;
+            }
+            slot.usage = usage;
+            return ret(walk(memcg, &off));
         }
-        slot.usage = usage;
-        return finish(walk(memcg, &off));
     }
-    // New (or stale) here: resolve its memory cgroup and take a slot.
+    // New here, or its cgroup is due to be resolved again: resolve it, in
+    // its own slot when it has one (else the next one, round robin).
     let Ok(memcg) = task_memcg(task, &off) else {
         return 1;
     };
@@ -96,8 +98,13 @@ fn on_runtime(task: *const u8) -> i32 {
     let Ok(usage) = read::<u64>(memcg, off.memcg_usage) else {
         return 1;
     };
-    let victim = (fast.next as usize) % FAST_SLOTS;
-    fast.next = fast.next.wrapping_add(1);
+    let victim = if found < FAST_SLOTS {
+        found
+    } else {
+        let next = (fast.next as usize) % FAST_SLOTS;
+        fast.next = fast.next.wrapping_add(1);
+        next
+    };
     // Indexed by a constant in each arm: the verifier sees every access bounded.
     for i in 0..FAST_SLOTS {
         if i == victim {
@@ -109,15 +116,7 @@ fn on_runtime(task: *const u8) -> i32 {
             };
         }
     }
-    finish(walk(memcg, &off))
-}
-
-#[inline(always)]
-fn finish(result: Result<(), i32>) -> i32 {
-    match result {
-        Ok(()) => 0,
-        Err(code) => code,
-    }
+    ret(walk(memcg, &off))
 }
 
 /// The memory cgroup memory growth of `task` is charged to: its mm owner's

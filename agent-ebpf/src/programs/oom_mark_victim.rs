@@ -14,36 +14,30 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{EVENTS, OFFSETS, SIGKILLED, count, read};
+use crate::maps::{EVENTS, OFFSETS, SIGKILLED, count, read, ret};
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
-    match try_mark_victim(task) {
-        Ok(()) => 0,
-        Err(code) => code,
-    }
+    ret(try_mark_victim(task))
 }
 
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_mark_victim_raw(ctx: RawTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
-    match try_mark_victim(task) {
-        Ok(()) => 0,
-        Err(code) => code,
-    }
+    ret(try_mark_victim(task))
 }
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_pid_btf(ctx: BtfTracePointContext) -> i32 {
     let pid: u64 = ctx.arg(0);
-    result(try_mark_victim_pid(pid as u32))
+    ret(try_mark_victim_pid(pid as u32))
 }
 
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_mark_victim_pid_raw(ctx: RawTracePointContext) -> i32 {
     let pid: u64 = ctx.arg(0);
-    result(try_mark_victim_pid(pid as u32))
+    ret(try_mark_victim_pid(pid as u32))
 }
 
 /// Tests only (`memwatch run --probe-oom-by-pid`): this kernel passes the
@@ -54,14 +48,7 @@ pub fn oom_mark_victim_as_pid_btf(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let off = OFFSETS.load();
     match read::<i32>(task, off.task_pid) {
-        Ok(pid) => result(try_mark_victim_pid(pid as u32)),
-        Err(code) => code,
-    }
-}
-
-fn result(r: Result<(), i32>) -> i32 {
-    match r {
-        Ok(()) => 0,
+        Ok(pid) => ret(try_mark_victim_pid(pid as u32)),
         Err(code) => code,
     }
 }

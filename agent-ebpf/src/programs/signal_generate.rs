@@ -11,27 +11,20 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{OFFSETS, SIGKILLED, read};
+use crate::maps::{OFFSETS, SIGKILLED, read, ret};
 
 const SIGKILL: u64 = 9;
 
 #[btf_tracepoint(function = "signal_generate")]
 pub fn signal_generate_btf(ctx: BtfTracePointContext) -> i32 {
     let sig: u64 = ctx.arg(0);
-    result(try_remember(sig, ctx.arg(2)))
+    ret(try_remember(sig, ctx.arg(2)))
 }
 
 #[raw_tracepoint(tracepoint = "signal_generate")]
 pub fn signal_generate_raw(ctx: RawTracePointContext) -> i32 {
     let sig: u64 = ctx.arg(0);
-    result(try_remember(sig, ctx.arg(2)))
-}
-
-fn result(r: Result<(), i32>) -> i32 {
-    match r {
-        Ok(()) => 0,
-        Err(code) => code,
-    }
+    ret(try_remember(sig, ctx.arg(2)))
 }
 
 fn try_remember(sig: u64, task: *const u8) -> Result<(), i32> {
