@@ -13,6 +13,7 @@ pub mod exec;
 pub mod heartbeat;
 pub mod kube;
 pub mod limits;
+pub mod model;
 pub mod monitor;
 pub mod pipeline;
 pub mod probe;

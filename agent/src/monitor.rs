@@ -218,7 +218,8 @@ impl Monitor {
             .and_then(|s| s.cgroup())
             .map(Path::to_path_buf);
         let mut watchdog = self.lock();
-        let registration = watchdog.register(req, &sample, Instant::now())?;
+        let now = Instant::now();
+        let registration = watchdog.register(req, &sample, now)?;
         match (&registration.admission, cgroup, cap) {
             (Admission::Rejected { reason }, _, _) => {
                 warn!(worker = %registration.worker, %reason, "task rejected")
@@ -226,16 +227,17 @@ impl Monitor {
             (_, Some(cgroup), Some(cap)) => self.push_cap(&task_id, &cgroup, cap),
             _ => {}
         }
-        self.store(registration.events.iter().cloned());
+        self.store(registration.events.iter().cloned(), now);
         self.publish_gauges(&watchdog);
         Ok(registration)
     }
 
     pub fn finish(&self, task_id: &str, outcome: TaskOutcome) -> Result<TaskView, WatchdogError> {
         let mut watchdog = self.lock();
-        let (view, events) = watchdog.finish(task_id, outcome, Instant::now())?;
+        let now = Instant::now();
+        let (view, events) = watchdog.finish(task_id, outcome, now)?;
         self.drop_cap(task_id);
-        self.store(events);
+        self.store(events, now);
         self.publish_gauges(&watchdog);
         Ok(view)
     }
@@ -244,7 +246,7 @@ impl Monitor {
         let mut watchdog = self.lock();
         let events = watchdog.reset(worker)?;
         info!(%worker, "operator reset");
-        self.store(events);
+        self.store(events, Instant::now());
         self.publish_gauges(&watchdog);
         Ok(())
     }
@@ -255,8 +257,9 @@ impl Monitor {
         let (workers, tasks) = self.lock().sources();
         let sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &tasks);
         let mut watchdog = self.lock();
-        let events = watchdog.observe(&sample, Instant::now());
-        self.store(events);
+        let now = Instant::now();
+        let events = watchdog.observe(&sample, now);
+        self.store(events, now);
         self.publish_gauges(&watchdog);
     }
 
@@ -285,11 +288,15 @@ impl Monitor {
         std::mem::take(&mut *self.oom_cgroups.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Appends events to the outbox and counts them.
-    pub fn store(&self, events: impl IntoIterator<Item = EventBody>) {
+    /// Appends events the watchdog decided at `decided` to the outbox, stamped
+    /// with that instant's wall time (not the time they reach the outbox:
+    /// intervals between events are the ones the policy measured), and
+    /// counts them.
+    pub fn store(&self, events: impl IntoIterator<Item = EventBody>, decided: Instant) {
+        let time = crate::model::time::wall_time(decided);
         for body in events {
             self.metrics.count_event(&body);
-            self.outbox.append(body, None);
+            self.outbox.append(body, Some(time));
         }
     }
 

@@ -53,7 +53,7 @@ impl Pipeline {
                 self.metrics.count_event(&body);
                 let event = self.outbox.append(body, Some(victim.time));
                 // The task's end comes after the kill that ended it.
-                self.monitor.store(task_ended);
+                self.monitor.store(task_ended, tokio::time::Instant::now());
                 info!(
                     seq = event.seq,
                     pid = victim.pid,
@@ -97,7 +97,7 @@ impl Pipeline {
             self.metrics.oom_kills.inc();
             self.metrics.count_event(&body);
             let event = self.outbox.append(body, Some(count.time));
-            self.monitor.store(task_ended);
+            self.monitor.store(task_ended, tokio::time::Instant::now());
             info!(seq = event.seq, cgroup = %count.cgroup.display(), "OOM kill (polled)");
         }
     }
