@@ -16,7 +16,7 @@ use std::{
 
 use memwatch::{
     config::WebhookConfig,
-    event::{EventBody, EventKind},
+    model::event::{EventBody, EventKind},
     shipper::{
         delivery,
         outbox::{Limits, Outbox},

@@ -23,8 +23,9 @@ use crate::{
     api::{self, AppState},
     cgroup::MemoryHierarchy,
     config::{Config, SourceChoice},
-    event::{EventBody, EventKind},
     heartbeat,
+    model::event::{EventBody, EventKind},
+    model::spec::WorkerSpec,
     monitor::Monitor,
     pipeline::{PROBE_QUEUE, Pipeline},
     probe::{
@@ -45,10 +46,7 @@ use crate::{
     },
     status,
     telemetry::Metrics,
-    watchdog::{
-        self_health::ProbeState,
-        spec::{MemorySource, WorkerSpec},
-    },
+    watchdog::self_health::ProbeState,
 };
 
 /// How often the kernel-side counters are read into metrics and health,
@@ -104,7 +102,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut rules = config.rules.clone();
     if let Some(worker) = config.kubernetes.pod_worker(&config.workers)? {
         info!(%worker, "kubelet pods are tasks");
-        rules.extend(crate::kube::pod_rules(&hierarchy.root, &worker));
+        rules.extend(crate::model::pod::pod_rules(&hierarchy.root, &worker));
     }
     let monitor = Arc::new(Monitor::new(
         config.workers.clone(),
@@ -155,14 +153,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let names = SchedulerNames::default();
     // With no [[worker]], the whole host is the one worker (see the watchdog).
     let specs: Arc<[WorkerSpec]> = if config.workers.is_empty() {
-        vec![WorkerSpec {
-            name: crate::watchdog::policy::HOST_WORKER.into(),
-            source: MemorySource::Host,
-            soft_cap: None,
-            unhealthy_after: crate::config::DEFAULT_UNHEALTHY_AFTER,
-            recover_after: crate::config::DEFAULT_RECOVER_AFTER,
-        }]
-        .into()
+        vec![WorkerSpec::host()].into()
     } else {
         config.workers.clone().into()
     };

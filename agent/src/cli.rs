@@ -91,7 +91,7 @@ pub struct StatusArgs {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    crate::units::Size::parse(text).map(|s| s.0)
+    crate::model::units::Size::parse(text).map(|s| s.0)
 }
 
 #[derive(Debug, Args)]

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::{
     api::tasks::TaskAnswer,
     cli::{AgentArgs, EventsArgs},
-    event::Event,
+    model::event::Event,
 };
 
 /// Pause between polls with `--follow` when nothing new came.

@@ -19,9 +19,12 @@ pub use self::kubernetes::{Kubernetes, KubernetesFile};
 pub use self::schedulers::{DaskConfig, DaskFile, RequeuePolicy, SlurmConfig, SlurmFile};
 pub use self::sinks::{Delivery, NatsConfig, NatsFile, Secret, WebhookConfig, WebhookFile};
 use crate::{
+    model::spec::{MemorySource, OnResidualOverCap, Settings, WorkerSpec},
+    model::{
+        spec::{DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, Rule},
+        units::{Size, Span},
+    },
     shipper::outbox,
-    units::{Size, Span},
-    watchdog::spec::{MemorySource, OnResidualOverCap, Settings, WorkerSpec},
 };
 
 /// Where the outbox database lives unless told otherwise.
@@ -31,11 +34,6 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Default API address: loopback only, so nothing is exposed by accident.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
-
-/// Default time a worker may stay above its soft cap with no task growing.
-pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(60);
-/// Default time below the cap before an unhealthy worker is healthy again.
-pub const DEFAULT_RECOVER_AFTER: Duration = Duration::from_secs(30);
 
 /// The agent's settings after every source is merged.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,14 +98,6 @@ pub enum SourceChoice {
     Ebpf,
     /// Polling the cgroup files only.
     Poll,
-}
-
-/// Every cgroup whose path matches `pattern` is a task of `worker`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Rule {
-    pub worker: String,
-    pub pattern: glob::Pattern,
-    pub soft_cap: Option<u64>,
 }
 
 impl Default for Config {

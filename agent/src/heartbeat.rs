@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use crate::{
-    event::{EventBody, EventKind},
+    model::event::{EventBody, EventKind},
     shipper::outbox::Outbox,
     status::StateFn,
 };

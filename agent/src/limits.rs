@@ -15,7 +15,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::event::OomConstraint;
+use crate::model::event::OomConstraint;
 
 /// How close to the limit the peak must be: a 2 MiB huge page, the largest
 /// single charge the fault path makes.

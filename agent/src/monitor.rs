@@ -16,16 +16,17 @@ use tracing::{info, warn};
 
 use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
-    config::Rule,
-    event::EventBody,
+    model::{
+        event::EventBody,
+        health::Health,
+        spec::{MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
+    },
     probe::{CgroupChange, GrowthLine, KernelWatch, Line},
     sampler::{self, MemoryReader},
     shipper::outbox::Outbox,
     telemetry::Metrics,
     watchdog::{
-        Health,
         policy::{Admission, Registration, Sample, Watchdog, WatchdogError},
-        spec::{MemorySource, Settings, TaskOutcome, TaskRequest, WorkerSpec},
         task::TaskView,
         worker::WorkerView,
     },
@@ -440,7 +441,7 @@ mod tests {
     use std::{fs, time::Duration};
 
     use super::*;
-    use crate::{cgroup::CgroupVersion, event::EventKind, sampler::fake::FakeReader};
+    use crate::{cgroup::CgroupVersion, model::event::EventKind, sampler::fake::FakeReader};
 
     const MIB: u64 = 1 << 20;
 

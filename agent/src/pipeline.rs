@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
-    event::{EventBody, EventKind, OomDetails},
+    model::event::{EventBody, EventKind, OomDetails},
     monitor::Monitor,
     probe::{OomCount, OomVictim, ProbeEvent},
     shipper::{dask_map::SchedulerNames, outbox::Outbox},
@@ -167,9 +167,9 @@ mod tests {
     fn pipeline(root: &std::path::Path) -> Pipeline {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
         let outbox = Outbox::new("h", 10, metrics.clone());
-        let worker = crate::watchdog::spec::WorkerSpec {
+        let worker = crate::model::spec::WorkerSpec {
             name: "w1".into(),
-            source: crate::watchdog::spec::MemorySource::Cgroup(root.into()),
+            source: crate::model::spec::MemorySource::Cgroup(root.into()),
             soft_cap: None,
             unhealthy_after: std::time::Duration::from_secs(60),
             recover_after: std::time::Duration::from_secs(30),
@@ -228,7 +228,7 @@ mod tests {
 
     #[tokio::test]
     async fn oom_kill_of_a_task_names_it_and_ends_it_after_the_kill() {
-        use crate::watchdog::spec::{MemorySource, TaskRequest};
+        use crate::model::spec::{MemorySource, TaskRequest};
         let root = tempfile::tempdir().unwrap();
         let cg = root.path().join("job-9");
         fs::create_dir(&cg).unwrap();

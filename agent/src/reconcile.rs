@@ -25,7 +25,7 @@ use tracing::warn;
 
 use crate::{
     cgroup::{CgroupVersion, MemoryHierarchy},
-    event::{EventBody, EventKind},
+    model::event::{EventBody, EventKind},
 };
 
 /// Most cgroups looked at in one scan (a bound on a runaway hierarchy).

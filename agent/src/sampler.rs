@@ -9,7 +9,7 @@ use std::{
 
 use procfs::Current as _;
 
-use crate::watchdog::{policy::Sample, spec::MemorySource};
+use crate::{model::spec::MemorySource, watchdog::policy::Sample};
 
 /// Reads memory figures; a trait so the agent loop can be tested with fakes.
 pub trait MemoryReader: Send + Sync {

@@ -11,10 +11,10 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::{
+    model::health::Verdict,
     monitor::Monitor,
     shipper::outbox::{Outbox, OutboxStatus},
     watchdog::{
-        Verdict,
         self_health::{self, ProbeState},
         worker::WorkerView,
     },

@@ -78,7 +78,7 @@ fn render(health: &serde_json::Value, workers: &[WorkerView], tasks: &[TaskView]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::watchdog::Health;
+    use crate::model::health::Health;
 
     #[test]
     fn summary_names_status_reasons_workers_and_tasks() {

@@ -139,8 +139,8 @@ impl Metrics {
     }
 
     /// Counts what an event says happened (transitions, rejections, crossings).
-    pub fn count_event(&self, event: &crate::event::EventBody) {
-        use crate::event::EventKind;
+    pub fn count_event(&self, event: &crate::model::event::EventBody) {
+        use crate::model::event::EventKind;
         let worker = event.worker.as_deref().unwrap_or("");
         match event.kind {
             EventKind::WorkerUnhealthy => self

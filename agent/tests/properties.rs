@@ -11,11 +11,11 @@ use chrono::{DateTime, TimeDelta};
 use memwatch::{
     cgroup::{CgroupVersion, MemoryHierarchy},
     config::{Config, ConfigError, Overrides},
+    model::units::{Size, Span},
     probe::{
         ProbeEvent,
         decode::{ClockPair, record},
     },
-    units::{Size, Span},
 };
 use proptest::prelude::*;
 

@@ -18,7 +18,7 @@ use axum::{
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use memwatch::{
     config::{Delivery, Secret, WebhookConfig},
-    event::{Event, EventBody, EventKind},
+    model::event::{Event, EventBody, EventKind},
     shipper::{delivery, outbox::Outbox, webhook},
     telemetry::Metrics,
 };

@@ -14,7 +14,7 @@ use std::{
 };
 
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use memwatch::event::{Event, EventKind};
+use memwatch::model::event::{Event, EventKind};
 use memwatch_tests::{agent::Agent, kernel_tests_enabled};
 
 const ROUNDS: usize = 5;

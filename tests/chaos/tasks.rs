@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use memwatch::event::EventKind;
+use memwatch::model::event::EventKind;
 use memwatch_tests::{agent::Agent, kernel_tests_enabled};
 
 /// Tasks started and ended concurrently.

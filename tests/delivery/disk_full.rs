@@ -10,7 +10,7 @@ use std::{
 };
 
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use memwatch::event::{Event, EventKind};
+use memwatch::model::event::{Event, EventKind};
 use memwatch_tests::{agent::Agent, kernel_tests_enabled, tmpfs::Tmpfs, workspace_bin};
 
 type Received = Arc<Mutex<BTreeSet<u64>>>;

@@ -6,7 +6,7 @@ use std::{collections::HashSet, time::Duration};
 use async_nats::jetstream::{self, message::PublishMessage};
 use memwatch::{
     config::{Delivery, NatsConfig},
-    event::{Event, EventBody, EventKind},
+    model::event::{Event, EventBody, EventKind},
     shipper::{delivery, nats::NatsSink, outbox::Outbox},
     telemetry::Metrics,
 };

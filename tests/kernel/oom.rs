@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::event::{Event, EventKind, OomConstraint};
+use memwatch::model::event::{Event, EventKind, OomConstraint};
 use memwatch_tests::{
     agent::{Agent, UNPRIVILEGED},
     cgroup::TestCgroup,

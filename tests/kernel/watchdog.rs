@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::event::{Event, EventKind};
+use memwatch::model::event::{Event, EventKind};
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
     kernel_tests_enabled, workspace_bin,

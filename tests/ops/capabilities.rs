@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use memwatch::event::EventKind;
+use memwatch::model::event::EventKind;
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, ops::documented_capabilities,
     workspace_bin,

@@ -12,8 +12,8 @@ use std::{
 
 use memwatch::{
     cgroup::{MemoryHierarchy, OwnedCgroup},
-    event::EventKind,
-    kube::QosClass,
+    model::event::EventKind,
+    model::pod::QosClass,
 };
 use memwatch_tests::{agent::Agent, kernel_tests_enabled, workspace_bin};
 

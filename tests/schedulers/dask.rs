@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::event::{Event, EventKind};
+use memwatch::model::event::{Event, EventKind};
 use memwatch_tests::{
     agent::Agent,
     dask::{DaskCluster, python_with_dask},

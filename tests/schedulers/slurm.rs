@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::event::EventKind;
+use memwatch::model::event::EventKind;
 use memwatch_tests::{
     agent::Agent,
     cgroup::TestCgroup,

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::event::Event;
+use memwatch::model::event::Event;
 
 use crate::workspace_bin;
 

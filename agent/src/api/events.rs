@@ -8,7 +8,7 @@ use axum::{
 use serde::Deserialize;
 
 use super::{ApiError, AppState};
-use crate::event::Event;
+use crate::model::event::Event;
 
 /// Events per page when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 100;

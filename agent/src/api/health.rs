@@ -8,7 +8,7 @@ use axum::{
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, AppState};
-use crate::watchdog::{Health, worker::WorkerView};
+use crate::{model::health::Health, watchdog::worker::WorkerView};
 
 #[derive(Serialize)]
 pub struct HealthBody {

@@ -10,10 +10,12 @@ use axum::{
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, AppState};
-use crate::watchdog::{
-    policy::{Admission, WatchdogError},
-    spec::{MemorySource, TaskOutcome, TaskRequest},
-    task::TaskView,
+use crate::{
+    model::spec::{MemorySource, TaskOutcome, TaskRequest},
+    watchdog::{
+        policy::{Admission, WatchdogError},
+        task::TaskView,
+    },
 };
 
 /// Largest accepted request body.

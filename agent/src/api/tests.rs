@@ -6,11 +6,11 @@ use tower::ServiceExt as _;
 
 use super::*;
 use crate::{
-    event::{EventBody, EventKind},
+    model::event::{EventBody, EventKind},
+    model::spec::{MemorySource, Settings, WorkerSpec},
     probe::SourceKind,
     sampler::fake::FakeReader,
     telemetry::Metrics,
-    watchdog::spec::{MemorySource, Settings, WorkerSpec},
 };
 
 fn state() -> AppState {

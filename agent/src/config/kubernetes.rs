@@ -3,7 +3,7 @@
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
-use crate::watchdog::{policy::HOST_WORKER, spec::WorkerSpec};
+use crate::model::spec::{HOST_WORKER, WorkerSpec};
 
 /// `[kubernetes]` as written.
 #[derive(Debug, Default, Deserialize)]

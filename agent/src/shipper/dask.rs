@@ -32,9 +32,9 @@ use super::{
 };
 use crate::{
     config::{DaskConfig, Delivery},
-    event::{Event, EventBody, EventKind},
+    model::event::{Event, EventBody, EventKind},
+    model::spec::WorkerSpec,
     telemetry::Metrics,
-    watchdog::spec::WorkerSpec,
 };
 
 pub struct DaskSink {

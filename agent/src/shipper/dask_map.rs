@@ -22,7 +22,7 @@ use std::{
 use procfs::process::FDTarget;
 use serde::Deserialize;
 
-use crate::watchdog::spec::{MemorySource, WorkerSpec};
+use crate::model::spec::{MemorySource, WorkerSpec};
 
 /// One entry of `GET /api/v1/get_workers`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::outbox::Outbox;
-use crate::{config::Delivery, event::Event, telemetry::Metrics};
+use crate::{config::Delivery, model::event::Event, telemetry::Metrics};
 
 /// Why an attempt failed; a metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,7 +148,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
-    use crate::event::{EventBody, EventKind};
+    use crate::model::event::{EventBody, EventKind};
 
     /// When a batch was sent, and the seqs in it.
     type Calls = Arc<Mutex<Vec<(Instant, Vec<u64>)>>>;

@@ -13,7 +13,7 @@ use tracing::info;
 use super::delivery::{FailureClass, SendError, Sink};
 use crate::{
     config::{Delivery, NatsConfig},
-    event::Event,
+    model::event::Event,
 };
 
 pub struct NatsSink {

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 
 use super::store::{Store, StoreError};
 use crate::{
-    event::{Event, EventBody},
+    model::event::{Event, EventBody},
     telemetry::Metrics,
 };
 
@@ -160,7 +160,7 @@ impl Outbox {
     /// waits in memory (see the module docs).
     pub fn append(&self, mut body: EventBody, time: Option<DateTime<Utc>>) -> Event {
         // Every event with a cgroup names its pod when the cgroup is one.
-        crate::kube::annotate(&mut body);
+        crate::model::pod::annotate(&mut body);
         let kind = body.kind;
         let event = {
             let mut inner = self.lock();

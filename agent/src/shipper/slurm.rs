@@ -37,7 +37,7 @@ use super::{
 };
 use crate::{
     config::{Delivery, RequeuePolicy, SlurmConfig},
-    event::{Event, EventKind},
+    model::event::{Event, EventKind},
     telemetry::Metrics,
 };
 

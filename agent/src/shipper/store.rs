@@ -12,7 +12,7 @@ use std::{
 
 use rusqlite::{Connection, OptionalExtension as _, params};
 
-use crate::event::{Event, Priority};
+use crate::model::event::{Event, Priority};
 
 /// The database file inside the state directory.
 pub const FILE_NAME: &str = "outbox.sqlite";

@@ -13,7 +13,7 @@ use sha2::Sha256;
 use super::delivery::{FailureClass, SendError, Sink};
 use crate::{
     config::{Delivery, WebhookConfig},
-    event::Event,
+    model::event::Event,
 };
 
 /// Id of the first event of the batch.

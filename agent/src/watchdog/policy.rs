@@ -10,15 +10,14 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
-    Health,
-    spec::{MemorySource, OnResidualOverCap, Settings, TaskOutcome, TaskRequest, WorkerSpec},
     task::{TaskState, TaskView},
     worker::{Transition, WorkerState, WorkerView, bytes},
 };
-use crate::event::{EventBody, EventKind};
-
-/// Name of the implicit worker when none is configured: the whole host.
-pub const HOST_WORKER: &str = "host";
+use crate::model::{
+    event::{EventBody, EventKind},
+    health::Health,
+    spec::{MemorySource, OnResidualOverCap, Settings, TaskOutcome, TaskRequest, WorkerSpec},
+};
 
 /// What to read: (worker name or task id, where its memory is).
 pub type Sources = Vec<(String, MemorySource)>;
@@ -74,13 +73,7 @@ impl Watchdog {
     /// With no workers configured, the whole host is one worker without a cap.
     pub fn new(workers: Vec<WorkerSpec>, settings: Settings) -> Self {
         let workers = if workers.is_empty() {
-            vec![WorkerSpec {
-                name: HOST_WORKER.into(),
-                source: MemorySource::Host,
-                soft_cap: None,
-                unhealthy_after: std::time::Duration::from_secs(60),
-                recover_after: std::time::Duration::from_secs(30),
-            }]
+            vec![WorkerSpec::host()]
         } else {
             workers
         };

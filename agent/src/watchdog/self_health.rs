@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Health, Verdict};
-use crate::{probe::SourceKind, shipper::outbox::OutboxStatus};
+use crate::{
+    model::health::{Health, Verdict},
+    probe::SourceKind,
+    shipper::outbox::OutboxStatus,
+};
 
 /// How long a kernel-side event loss keeps the agent `degraded`.
 pub const LOSS_MEMORY: Duration = Duration::from_secs(300);

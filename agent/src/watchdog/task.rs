@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::spec::{MemorySource, Settings, TaskOutcome};
+use crate::model::spec::{MemorySource, Settings, TaskOutcome};
 
 #[derive(Debug)]
 pub struct TaskState {

@@ -4,8 +4,8 @@
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::{
-    Health,
+use crate::model::{
+    health::Health,
     spec::{Settings, WorkerSpec},
 };
 

@@ -12,7 +12,7 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::watchdog::spec::MemorySource;
+use crate::model::spec::MemorySource;
 
 /// A Dask scheduler's HTTP API: the workers it lists, the retirements asked.
 #[derive(Clone, Default)]

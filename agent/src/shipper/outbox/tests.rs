@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::*;
-use crate::event::EventKind;
+use crate::model::event::EventKind;
 
 fn metrics() -> Metrics {
     Metrics::new(&prometheus::Registry::new()).unwrap()

@@ -3,7 +3,7 @@ use std::{os::unix::fs::PermissionsExt as _, time::Duration};
 use chrono::Utc;
 
 use super::*;
-use crate::event::EventBody;
+use crate::model::event::EventBody;
 
 /// A fake `scontrol` that logs its arguments and keeps node drains as files.
 const FAKE: &str = r#"#!/bin/sh

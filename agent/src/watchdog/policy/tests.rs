@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::advance;
 
 use super::*;
+use crate::model::spec::HOST_WORKER;
 
 const MIB: u64 = 1 << 20;
 

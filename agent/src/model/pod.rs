@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{config::Rule, event::EventBody};
+use crate::{model::event::EventBody, model::spec::Rule};
 
 /// The pod's quality-of-service class, from the kubelet's cgroup layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -143,7 +143,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::event::EventKind;
+    use crate::model::event::EventKind;
 
     const UID: &str = "6f1c2a3b-4d5e-4f60-8a9b-0c1d2e3f4a5b";
     const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";

@@ -158,7 +158,7 @@ pub struct EventBody {
     pub container_id: Option<String>,
     /// The pod's QoS class: `guaranteed`, `burstable`, `besteffort`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qos_class: Option<crate::kube::QosClass>,
+    pub qos_class: Option<crate::model::pod::QosClass>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,4 +1,5 @@
-//! What the watchdog watches: workers and tasks, as configured or registered.
+//! What the watchdog watches: workers and tasks, as configured or registered,
+//! and the rules that turn cgroups into tasks.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -27,6 +28,13 @@ impl MemorySource {
     }
 }
 
+/// Name of the implicit worker when none is configured: the whole host.
+pub const HOST_WORKER: &str = "host";
+/// A worker above its soft cap this long, with no task growing, is unhealthy.
+pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(60);
+/// An unhealthy worker below its soft cap this long is healthy again.
+pub const DEFAULT_RECOVER_AFTER: Duration = Duration::from_secs(30);
+
 /// A worker: something that runs tasks for a scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerSpec {
@@ -39,6 +47,28 @@ pub struct WorkerSpec {
     pub unhealthy_after: Duration,
     /// Below the soft cap this long → back to `healthy`.
     pub recover_after: Duration,
+}
+
+impl WorkerSpec {
+    /// The one worker there is when none is configured: the whole host,
+    /// without a cap (its memory is still reported).
+    pub fn host() -> Self {
+        Self {
+            name: HOST_WORKER.into(),
+            source: MemorySource::Host,
+            soft_cap: None,
+            unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
+            recover_after: DEFAULT_RECOVER_AFTER,
+        }
+    }
+}
+
+/// Every cgroup whose path matches `pattern` is a task of `worker`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    pub worker: String,
+    pub pattern: glob::Pattern,
+    pub soft_cap: Option<u64>,
 }
 
 /// What to do with a task that starts on a worker already over its cap.
