@@ -409,7 +409,7 @@ async fn report_missed_oom_kills(
     metrics: &Metrics,
 ) -> anyhow::Result<(reconcile::OomCounters, bool)> {
     let h = hierarchy.clone();
-    let counts = tokio::task::spawn_blocking(move || reconcile::read_oom_counts(&h))
+    let counts = tokio::task::spawn_blocking(move || crate::cgroup::oom::read_oom_counts(&h))
         .await
         .context("reading OOM counters")?;
     let saved = outbox.saved_oom_counts();

@@ -10,7 +10,6 @@ pub mod config;
 pub mod doctor;
 pub mod exec;
 pub mod heartbeat;
-pub mod limits;
 pub mod model;
 pub mod monitor;
 pub mod pipeline;

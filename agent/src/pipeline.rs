@@ -74,7 +74,7 @@ impl Pipeline {
         for n in 0..kills.min(MAX_KILLS_PER_READING) {
             let mut body = EventBody::new(EventKind::OomKill);
             let (constraint, limit) =
-                crate::limits::oom_limit(&count.cgroup, &self.monitor.cgroup_root());
+                crate::cgroup::limits::oom_limit(&count.cgroup, &self.monitor.cgroup_root());
             body.constraint = Some(constraint);
             body.limit_cgroup = limit.map(|p| p.display().to_string());
             body.cgroup = Some(count.cgroup.display().to_string());
@@ -111,7 +111,7 @@ impl Pipeline {
         match v.memcg_id.map(|id| (id, self.monitor.resolve_cgroup(id))) {
             Some((_, Some(path))) => {
                 let (constraint, limit) =
-                    crate::limits::oom_limit(&path, &self.monitor.cgroup_root());
+                    crate::cgroup::limits::oom_limit(&path, &self.monitor.cgroup_root());
                 body.constraint = Some(constraint);
                 body.limit_cgroup = limit.map(|p| p.display().to_string());
                 body.cgroup = Some(path.display().to_string());

@@ -17,49 +17,16 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fs,
-    path::{Path, PathBuf},
+    path::PathBuf,
 };
-
-use tracing::warn;
 
 use crate::{
-    cgroup::{CgroupVersion, MemoryHierarchy},
+    cgroup::{
+        MemoryHierarchy,
+        oom::{grown, oom_kills, read_oom_counts},
+    },
     model::event::{EventBody, EventKind},
 };
-
-/// Most cgroups looked at in one scan (a bound on a runaway hierarchy).
-pub const MAX_CGROUPS: usize = 100_000;
-
-/// The kernel's OOM-kill counter of every memory cgroup, by path.
-pub fn read_oom_counts(hierarchy: &MemoryHierarchy) -> BTreeMap<String, u64> {
-    let mut counts = BTreeMap::new();
-    let mut stack: Vec<PathBuf> = vec![hierarchy.root.clone()];
-    let mut seen = 0;
-    while let Some(dir) = stack.pop() {
-        seen += 1;
-        if seen > MAX_CGROUPS {
-            warn!(
-                max = MAX_CGROUPS,
-                "too many memory cgroups; OOM counters of the rest are not read"
-            );
-            break;
-        }
-        if let Some(kills) = oom_kills(&dir, hierarchy.version) {
-            counts.insert(dir.display().to_string(), kills);
-        }
-        // Cgroups come and go while we walk: a vanished one is skipped.
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(entry.path());
-            }
-        }
-    }
-    counts
-}
 
 /// The agent's copy of the kernel's OOM-kill counters, the one it saves:
 /// non-zero counters only, by cgroup path.
@@ -114,37 +81,6 @@ fn nonzero(mut counts: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     counts
 }
 
-/// `oom_kill N` of one cgroup: kills of its own tasks only (v2's
-/// `memory.events` also counts those of every descendant).
-pub fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
-    let files: &[&str] = match version {
-        CgroupVersion::V1 => &["memory.oom_control"],
-        CgroupVersion::V2 => &["memory.events.local", "memory.events"],
-    };
-    files.iter().find_map(|file| {
-        let text = fs::read_to_string(dir.join(file)).ok()?;
-        text.lines()
-            .find_map(|line| line.strip_prefix("oom_kill "))
-            .and_then(|n| n.trim().parse().ok())
-    })
-}
-
-/// Cgroups whose kill counter grew between two readings, as
-/// `(cgroup, before, after)`. A cgroup new since `before` started at 0; a
-/// counter that went down is a new cgroup under an old name.
-pub fn grown<'a>(
-    before: &BTreeMap<String, u64>,
-    now: &'a BTreeMap<String, u64>,
-) -> Vec<(&'a str, u64, u64)> {
-    now.iter()
-        .filter_map(|(cgroup, &kills)| {
-            let was = before.get(cgroup).copied().unwrap_or(0);
-            let was = if kills < was { 0 } else { was };
-            (kills > was).then_some((cgroup.as_str(), was, kills))
-        })
-        .collect()
-}
-
 /// The events for kills counted since `saved`. Nothing without a saved
 /// baseline: on a first run, no one knows when the kernel's counts grew.
 pub fn recovered_kills(
@@ -172,7 +108,10 @@ pub fn recovered_kills(
 
 #[cfg(test)]
 mod tests {
+    use std::{fs, path::Path};
+
     use super::*;
+    use crate::cgroup::CgroupVersion;
 
     fn hierarchy(version: CgroupVersion) -> (tempfile::TempDir, MemoryHierarchy) {
         let dir = tempfile::tempdir().unwrap();
@@ -181,27 +120,6 @@ mod tests {
             version,
         };
         (dir, hierarchy)
-    }
-
-    #[test]
-    fn reads_v1_oom_control_counters_recursively() {
-        let (dir, h) = hierarchy(CgroupVersion::V1);
-        let job = dir.path().join("slurm/job_7");
-        fs::create_dir_all(&job).unwrap();
-        fs::write(
-            dir.path().join("memory.oom_control"),
-            "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
-        )
-        .unwrap();
-        fs::write(
-            job.join("memory.oom_control"),
-            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
-        )
-        .unwrap();
-        let counts = read_oom_counts(&h);
-        assert_eq!(counts.len(), 2, "{counts:?}");
-        assert_eq!(counts[&dir.path().display().to_string()], 4);
-        assert_eq!(counts[&job.display().to_string()], 1);
     }
 
     #[test]
@@ -262,18 +180,6 @@ mod tests {
             recovered_kills(Some(counters.counts()), &read_oom_counts(&h)).is_empty(),
             "nothing to recover from an up-to-date copy"
         );
-    }
-
-    #[test]
-    fn v2_prefers_the_local_counter() {
-        let (dir, h) = hierarchy(CgroupVersion::V2);
-        fs::write(dir.path().join("memory.events"), "oom 5\noom_kill 5\n").unwrap();
-        fs::write(
-            dir.path().join("memory.events.local"),
-            "oom 1\noom_kill 2\n",
-        )
-        .unwrap();
-        assert_eq!(read_oom_counts(&h)[&dir.path().display().to_string()], 2);
     }
 
     #[test]

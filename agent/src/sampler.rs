@@ -3,13 +3,13 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fs, io,
+    io,
     path::Path,
 };
 
 use procfs::Current as _;
 
-use crate::{model::spec::MemorySource, watchdog::policy::Sample};
+use crate::{cgroup::memory, model::spec::MemorySource, watchdog::policy::Sample};
 
 /// Reads memory figures; a trait so the agent loop can be tested with fakes.
 pub trait MemoryReader: Send + Sync {
@@ -25,7 +25,7 @@ pub struct SystemReader;
 impl MemoryReader for SystemReader {
     fn read(&self, source: &MemorySource) -> io::Result<u64> {
         match source {
-            MemorySource::Cgroup(path) => cgroup_working_set(path),
+            MemorySource::Cgroup(path) => memory::working_set(path),
             MemorySource::Pid(pid) => processes_rss(|p| p.pid == *pid as i32),
             MemorySource::Process(text) => {
                 let me = std::process::id() as i32;
@@ -36,12 +36,7 @@ impl MemoryReader for SystemReader {
     }
 
     fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64> {
-        // Values this large mean "no limit" on v1 (PAGE_COUNTER_MAX pages).
-        const UNLIMITED: u64 = 1 << 62;
-        let text = fs::read_to_string(cgroup.join("memory.high"))
-            .or_else(|_| fs::read_to_string(cgroup.join("memory.soft_limit_in_bytes")))
-            .ok()?;
-        text.trim().parse::<u64>().ok().filter(|&v| v < UNLIMITED)
+        memory::soft_cap(cgroup)
     }
 }
 
@@ -67,38 +62,6 @@ pub fn sample(
         workers: read(workers),
         tasks: read(tasks),
     }
-}
-
-/// Usage minus inactive file cache: what kubelet calls the working set. The
-/// page cache the kernel can drop at once is not memory a worker "holds".
-pub fn cgroup_working_set(cgroup: &Path) -> io::Result<u64> {
-    let (usage_file, inactive_key) = if cgroup.join("memory.current").exists() {
-        ("memory.current", "inactive_file")
-    } else {
-        ("memory.usage_in_bytes", "total_inactive_file")
-    };
-    let usage = read_u64(&cgroup.join(usage_file))?;
-    let stat = fs::read_to_string(cgroup.join("memory.stat"))?;
-    let inactive = stat_value(&stat, inactive_key).unwrap_or(0);
-    Ok(usage.saturating_sub(inactive))
-}
-
-/// The value of `key` in a `memory.stat`-style file.
-pub fn stat_value(stat: &str, key: &str) -> Option<u64> {
-    stat.lines().find_map(|line| {
-        let (k, v) = line.split_once(' ')?;
-        (k == key).then(|| v.trim().parse().ok()).flatten()
-    })
-}
-
-fn read_u64(path: &Path) -> io::Result<u64> {
-    let text = fs::read_to_string(path)?;
-    text.trim().parse().map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: {e}", path.display()),
-        )
-    })
 }
 
 struct Proc {
@@ -158,46 +121,6 @@ fn host_used() -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn working_set_subtracts_inactive_file_v1_and_v2() {
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("memory.usage_in_bytes"), "1000\n").unwrap();
-        fs::write(
-            dir.path().join("memory.stat"),
-            "cache 5\ntotal_inactive_file 300\n",
-        )
-        .unwrap();
-        assert_eq!(cgroup_working_set(dir.path()).unwrap(), 700);
-
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("memory.current"), "2000\n").unwrap();
-        fs::write(
-            dir.path().join("memory.stat"),
-            "anon 1500\ninactive_file 500\n",
-        )
-        .unwrap();
-        assert_eq!(cgroup_working_set(dir.path()).unwrap(), 1500);
-    }
-
-    #[test]
-    fn soft_cap_from_the_cgroup_ignores_unlimited() {
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(
-            dir.path().join("memory.soft_limit_in_bytes"),
-            "9223372036854771712\n",
-        )
-        .unwrap();
-        assert_eq!(SystemReader.cgroup_soft_cap(dir.path()), None);
-        fs::write(dir.path().join("memory.soft_limit_in_bytes"), "67108864\n").unwrap();
-        assert_eq!(SystemReader.cgroup_soft_cap(dir.path()), Some(64 << 20));
-        fs::write(dir.path().join("memory.high"), "max\n").unwrap();
-        assert_eq!(
-            SystemReader.cgroup_soft_cap(dir.path()),
-            None,
-            "v2 `max` is no cap"
-        );
-    }
 
     #[test]
     fn this_process_and_the_host_have_memory() {

@@ -49,7 +49,7 @@ impl TestCgroup {
 
     /// The cgroup's memory usage as the kernel counts it.
     pub fn usage(&self) -> u64 {
-        memwatch::sampler::cgroup_working_set(self.path()).unwrap_or(0)
+        memwatch::cgroup::memory::working_set(self.path()).unwrap_or(0)
     }
 
     /// SIGKILLs every process in it (the cgroup stays).

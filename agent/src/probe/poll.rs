@@ -19,7 +19,7 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, warn};
 
 use super::{CgroupChange, OomCount, ProbeEvent};
-use crate::{cgroup::MemoryHierarchy, reconcile};
+use crate::cgroup::{MemoryHierarchy, oom};
 
 /// Default time between two readings.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -33,7 +33,7 @@ pub struct Reading {
 
 impl Reading {
     pub fn take(hierarchy: &MemoryHierarchy) -> Reading {
-        let kills = reconcile::read_oom_counts(hierarchy);
+        let kills = oom::read_oom_counts(hierarchy);
         let ids = kills
             .keys()
             .filter_map(|p| std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino())))
@@ -61,7 +61,7 @@ pub fn changes(root: &Path, before: &Reading, now: &Reading) -> Vec<ProbeEvent> 
             }));
         }
     }
-    for (cgroup, before_kills, after_kills) in reconcile::grown(&before.kills, &now.kills) {
+    for (cgroup, before_kills, after_kills) in oom::grown(&before.kills, &now.kills) {
         events.push(ProbeEvent::OomCounted(OomCount {
             time: Utc::now(),
             cgroup: PathBuf::from(cgroup),

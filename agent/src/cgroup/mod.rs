@@ -14,6 +14,10 @@ use std::{
 
 use procfs::process::MountInfo;
 
+pub mod limits;
+pub mod memory;
+pub mod oom;
+
 /// Which cgroup version carries the memory controller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -344,7 +348,7 @@ impl OwnedCgroup {
 
     /// OOM kills the kernel counted in this cgroup.
     pub fn oom_kills(&self) -> Option<u64> {
-        oom_kill_count(&self.path)
+        oom::oom_kill_count(&self.path)
     }
 
     /// Kills every process left in it and removes it.
@@ -410,17 +414,6 @@ fn enable_memory_controller_above(path: &Path) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The kernel's OOM-kill count for a cgroup's own tasks (see
-/// [`crate::reconcile::oom_kills`]), whichever cgroup version it is on.
-pub fn oom_kill_count(cgroup: &Path) -> Option<u64> {
-    let version = if cgroup.join("memory.oom_control").exists() {
-        CgroupVersion::V1
-    } else {
-        CgroupVersion::V2
-    };
-    crate::reconcile::oom_kills(cgroup, version)
 }
 
 /// SIGKILLs whatever is in the cgroup until it is empty, then removes it.
