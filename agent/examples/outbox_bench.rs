@@ -15,12 +15,11 @@ use std::{
 };
 
 use memwatch::{
-    config::WebhookConfig,
     model::event::{EventBody, EventKind},
-    shipper::{
+    outbox::{Limits, Outbox},
+    sinks::{
         delivery,
-        outbox::{Limits, Outbox},
-        webhook::WebhookSink,
+        webhook::{WebhookConfig, WebhookSink},
     },
     telemetry::Metrics,
 };

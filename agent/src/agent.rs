@@ -27,6 +27,7 @@ use crate::{
     model::event::{EventBody, EventKind},
     model::spec::WorkerSpec,
     monitor::Monitor,
+    outbox::{self, Outbox},
     pipeline::{PROBE_QUEUE, Pipeline},
     probe::{
         ProbeEvent, SourceKind,
@@ -34,16 +35,9 @@ use crate::{
         poll, privilege,
     },
     reconcile,
+    record::Recorder,
     sampler::SystemReader,
-    shipper::{
-        dask::{self, DaskSink},
-        dask_map::SchedulerNames,
-        delivery,
-        nats::NatsSink,
-        outbox::{self, Outbox},
-        slurm::SlurmSink,
-        webhook::WebhookSink,
-    },
+    sinks::{self, SinkContext, dask::names::SchedulerNames},
     status,
     telemetry::Metrics,
     watchdog::self_health::ProbeState,
@@ -96,6 +90,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )
     })?;
     info!(state_dir = %config.state_dir.display(), last_seq = outbox.status().last_seq, "outbox open");
+    let recorder = Recorder::new(outbox.clone(), metrics.clone());
     let hierarchy = MemoryHierarchy::discover()?;
     info!(root = %hierarchy.root.display(), version = %hierarchy.version, "memory cgroup hierarchy");
 
@@ -129,79 +124,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         status: state_fn.clone(),
     };
     let (stop_shipping, shipping_stopped) = watch::channel(false);
-    let mut shippers: Vec<JoinHandle<()>> = Vec::new();
-    for hook in &config.webhooks {
-        info!(sink = %hook.name, url = %hook.url, signed = hook.secret.is_some(), "webhook sink");
-        let sink = WebhookSink::new(hook.clone())
-            .with_context(|| format!("webhook sink {}", hook.name))?;
-        shippers.push(tokio::spawn(delivery::run(
-            sink,
-            outbox.clone(),
-            metrics.clone(),
-            shipping_stopped.clone(),
-        )));
-    }
-    for nats in &config.nats {
-        info!(sink = %nats.name, url = %nats.url, stream = %nats.stream, subject = %nats.subject, "NATS JetStream sink");
-        shippers.push(tokio::spawn(delivery::run(
-            NatsSink::new(nats.clone()),
-            outbox.clone(),
-            metrics.clone(),
-            shipping_stopped.clone(),
-        )));
-    }
     let names = SchedulerNames::default();
     // With no [[worker]], the whole host is the one worker (see the watchdog).
-    let specs: Arc<[WorkerSpec]> = if config.workers.is_empty() {
+    let workers: Arc<[WorkerSpec]> = if config.workers.is_empty() {
         vec![WorkerSpec::host()].into()
     } else {
         config.workers.clone().into()
     };
-    for d in &config.dask {
-        info!(sink = %d.name, url = %d.url, min_workers = d.min_workers, min_fraction = d.min_fraction, "Dask sink");
-        let sink = DaskSink::new(
-            d.clone(),
-            Arc::clone(&specs),
-            outbox.clone(),
-            metrics.clone(),
-            names.clone(),
-        )
-        .with_context(|| format!("Dask sink {}", d.name))?;
-        shippers.push(tokio::spawn(delivery::run(
-            sink,
-            outbox.clone(),
-            metrics.clone(),
-            shipping_stopped.clone(),
-        )));
-        shippers.push(tokio::spawn(dask::refresh_names(
-            d.clone(),
-            Arc::clone(&specs),
-            names.clone(),
-            shipping_stopped.clone(),
-        )));
-    }
-    for s in &config.slurm {
-        info!(sink = %s.name, scontrol = %s.scontrol.display(), drain = s.drain, requeue = ?s.requeue, "Slurm sink");
-        let sink = SlurmSink::open(
-            s.clone(),
-            config.node_name.clone(),
-            &config.state_dir,
-            metrics.clone(),
-        )
-        .with_context(|| {
-            format!(
-                "Slurm sink {}: state in {} is unusable",
-                s.name,
-                config.state_dir.display()
-            )
-        })?;
-        shippers.push(tokio::spawn(delivery::run(
-            sink,
-            outbox.clone(),
-            metrics.clone(),
-            shipping_stopped.clone(),
-        )));
-    }
+    let sink_context = SinkContext {
+        outbox: outbox.clone(),
+        recorder: recorder.clone(),
+        metrics: metrics.clone(),
+        stop: shipping_stopped.clone(),
+        node_name: config.node_name.clone(),
+        state_dir: config.state_dir.clone(),
+        workers,
+        names: names.clone(),
+    };
+    let mut shippers: Vec<JoinHandle<()>> = sinks::start_all(&config.sinks, &sink_context)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen / `listen`)", config.listen))?;

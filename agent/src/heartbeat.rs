@@ -8,7 +8,7 @@ use tracing::debug;
 
 use crate::{
     model::event::{EventBody, EventKind},
-    shipper::outbox::Outbox,
+    outbox::Outbox,
     status::StateFn,
 };
 

@@ -21,9 +21,9 @@ use crate::{
         health::Health,
         spec::{MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
     },
+    outbox::Outbox,
     probe::{CgroupChange, GrowthLine, KernelWatch, Line},
     sampler::{self, MemoryReader},
-    shipper::outbox::Outbox,
     telemetry::Metrics,
     watchdog::{
         policy::{Admission, Registration, Sample, Watchdog, WatchdogError},

@@ -9,8 +9,9 @@ use tracing::{info, warn};
 use crate::{
     model::event::{EventBody, EventKind, OomDetails},
     monitor::Monitor,
+    outbox::Outbox,
     probe::{OomCount, OomVictim, ProbeEvent},
-    shipper::{dask_map::SchedulerNames, outbox::Outbox},
+    sinks::dask::names::SchedulerNames,
     telemetry::Metrics,
 };
 
@@ -49,7 +50,6 @@ impl Pipeline {
                 body.task_id = task_id;
                 body.worker = worker;
                 body.scheduler_worker = self.names.get(victim.pid);
-                self.metrics.oom_kills.inc();
                 self.metrics.count_event(&body);
                 let event = self.outbox.append(body, Some(victim.time));
                 // The task's end comes after the kill that ended it.
@@ -94,7 +94,6 @@ impl Pipeline {
                     String::new()
                 }
             ));
-            self.metrics.oom_kills.inc();
             self.metrics.count_event(&body);
             let event = self.outbox.append(body, Some(count.time));
             self.monitor.store(task_ended, tokio::time::Instant::now());

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::{
     model::health::Verdict,
     monitor::Monitor,
-    shipper::outbox::{Outbox, OutboxStatus},
+    outbox::{Outbox, OutboxStatus},
     watchdog::{
         self_health::{self, ProbeState},
         worker::WorkerView,

@@ -160,8 +160,11 @@ impl Metrics {
                 };
                 self.soft_cap_crossings.with_label_values(&[scope]).inc();
             }
-            EventKind::OomKill if event.worker.is_some() => {
-                self.task_oom_kills.with_label_values(&[worker]).inc()
+            EventKind::OomKill => {
+                self.oom_kills.inc();
+                if event.worker.is_some() {
+                    self.task_oom_kills.with_label_values(&[worker]).inc()
+                }
             }
             _ => {}
         }

@@ -17,9 +17,13 @@ use axum::{
 };
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use memwatch::{
-    config::{Delivery, Secret, WebhookConfig},
     model::event::{Event, EventBody, EventKind},
-    shipper::{delivery, outbox::Outbox, webhook},
+    outbox::Outbox,
+    sinks::{
+        config::{Delivery, Secret},
+        delivery,
+        webhook::{self, WebhookConfig},
+    },
     telemetry::Metrics,
 };
 use sha2::Sha256;

@@ -5,9 +5,13 @@ use std::{collections::HashSet, time::Duration};
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use memwatch::{
-    config::{Delivery, NatsConfig},
     model::event::{Event, EventBody, EventKind},
-    shipper::{delivery, nats::NatsSink, outbox::Outbox},
+    outbox::Outbox,
+    sinks::{
+        config::Delivery,
+        delivery,
+        nats::{NatsConfig, NatsSink},
+    },
     telemetry::Metrics,
 };
 use memwatch_tests::{

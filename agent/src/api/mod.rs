@@ -19,9 +19,7 @@ use axum::{
 };
 use prometheus::Registry;
 
-use crate::{
-    monitor::Monitor, shipper::outbox::Outbox, status::StateFn, watchdog::self_health::ProbeState,
-};
+use crate::{monitor::Monitor, outbox::Outbox, status::StateFn, watchdog::self_health::ProbeState};
 
 /// What the handlers share.
 #[derive(Clone)]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::sinks::config::Secret;
 
 fn file(text: &str) -> tempfile::NamedTempFile {
     let f = tempfile::NamedTempFile::new().unwrap();
@@ -147,13 +148,17 @@ fn delivery_keys_parse_with_defaults() {
     assert_eq!(c.state_dir, Path::new("/tmp/x"));
     assert_eq!(c.outbox_max_age, Duration::from_secs(2 * 86400));
     assert_eq!(c.heartbeat_interval, Duration::from_secs(5));
-    assert_eq!(c.webhooks[0].name, "webhook-1");
-    assert_eq!(c.webhooks[0].secret, Some(Secret("s3".into())));
-    assert_eq!(c.webhooks[0].delivery.timeout, Duration::from_secs(3));
-    assert_eq!(c.webhooks[1].name, "sched");
-    assert_eq!(c.webhooks[1].delivery.batch_size, 10);
-    assert_eq!(c.nats[0].subject, "memwatch.events");
-    assert_eq!(c.nats[0].stream, "MEMWATCH");
+    let hooks = webhooks(&c);
+    assert_eq!(hooks[0].name, "webhook-1");
+    assert_eq!(hooks[0].secret, Some(Secret("s3".into())));
+    assert_eq!(hooks[0].delivery.timeout, Duration::from_secs(3));
+    assert_eq!(hooks[1].name, "sched");
+    assert_eq!(hooks[1].delivery.batch_size, 10);
+    let SinkConfig::Nats(nats) = &c.sinks[2] else {
+        panic!("{:?}", c.sinks)
+    };
+    assert_eq!(nats.subject, "memwatch.events");
+    assert_eq!(nats.stream, "MEMWATCH");
     assert!(!format!("{c:?}").contains("s3"), "secrets are not printed");
 
     // --webhook replaces the file's list; --state-dir wins.
@@ -164,8 +169,10 @@ fn delivery_keys_parse_with_defaults() {
     };
     let c = Config::load(Some(f.path()), &flags).unwrap();
     assert_eq!(c.state_dir, Path::new("/tmp/y"));
-    assert_eq!(c.webhooks.len(), 1);
-    assert_eq!(c.webhooks[0].url.as_str(), "http://127.0.0.1:2/a");
+    let flagged = webhooks(&c);
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(flagged[0].url.as_str(), "http://127.0.0.1:2/a");
+    assert_eq!(c.sinks.len(), 2, "the [[nats]] stays");
 }
 
 #[test]
@@ -263,4 +270,14 @@ fn kubernetes_pod_tasks_go_to_the_host_or_the_named_worker() {
         let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains(expected), "{text}: {err}");
     }
+}
+
+fn webhooks(c: &Config) -> Vec<&WebhookConfig> {
+    c.sinks
+        .iter()
+        .filter_map(|s| match s {
+            SinkConfig::Webhook(w) => Some(w),
+            _ => None,
+        })
+        .collect()
 }

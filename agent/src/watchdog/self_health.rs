@@ -7,8 +7,8 @@ use tokio::time::Instant;
 
 use crate::{
     model::health::{Health, Verdict},
+    outbox::OutboxStatus,
     probe::SourceKind,
-    shipper::outbox::OutboxStatus,
 };
 
 /// How long a kernel-side event loss keeps the agent `degraded`.

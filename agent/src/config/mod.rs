@@ -3,8 +3,6 @@
 //! with the offending key named.
 
 mod kubernetes;
-mod schedulers;
-mod sinks;
 
 use std::{
     fs,
@@ -16,15 +14,16 @@ use std::{
 use serde::Deserialize;
 
 pub use self::kubernetes::{Kubernetes, KubernetesFile};
-pub use self::schedulers::{DaskConfig, DaskFile, RequeuePolicy, SlurmConfig, SlurmFile};
-pub use self::sinks::{Delivery, NatsConfig, NatsFile, Secret, WebhookConfig, WebhookFile};
 use crate::{
-    model::spec::{MemorySource, OnResidualOverCap, Settings, WorkerSpec},
     model::{
-        spec::{DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, Rule},
+        spec::{
+            DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, MemorySource, OnResidualOverCap, Rule,
+            Settings, WorkerSpec,
+        },
         units::{Size, Span},
     },
-    shipper::outbox,
+    outbox,
+    sinks::{self, SinkConfig, config::InvalidKey, webhook::WebhookConfig},
 };
 
 /// Where the outbox database lives unless told otherwise.
@@ -50,14 +49,10 @@ pub struct Config {
     pub outbox_max_age: Duration,
     /// Period of `heartbeat` events.
     pub heartbeat_interval: Duration,
-    /// Webhook sinks (`[[webhook]]`, or `--webhook URL` which replaces them).
-    pub webhooks: Vec<WebhookConfig>,
-    /// NATS JetStream sinks (`[[nats]]`).
-    pub nats: Vec<NatsConfig>,
-    /// Dask schedulers to retire unhealthy workers from (`[[dask]]`).
-    pub dask: Vec<DaskConfig>,
-    /// Slurm controllers to drain nodes and requeue jobs on (`[[slurm]]`).
-    pub slurm: Vec<SlurmConfig>,
+    /// Where events are shipped: `[[webhook]]`, `[[nats]]`, `[[dask]]`,
+    /// `[[slurm]]` (the sink registry, sinks/mod.rs), in file order per
+    /// kind; `--webhook URL` replaces the `[[webhook]]`s.
+    pub sinks: Vec<SinkConfig>,
     /// Kernel BTF used to resolve struct offsets.
     pub btf_path: PathBuf,
     /// `tracing` filter used when RUST_LOG is unset.
@@ -109,10 +104,7 @@ impl Default for Config {
             outbox_capacity: outbox::DEFAULT_CAPACITY,
             outbox_max_age: outbox::DEFAULT_MAX_AGE,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
-            webhooks: Vec::new(),
-            nats: Vec::new(),
-            dask: Vec::new(),
-            slurm: Vec::new(),
+            sinks: Vec::new(),
             btf_path: PathBuf::from(crate::probe::btf::VMLINUX_BTF),
             log_level: "info".into(),
             // A second: ten times faster than kubelet's eviction loop, cheap
@@ -145,14 +137,6 @@ pub struct FileConfig {
     pub heartbeat_interval: Option<String>,
     pub btf_path: Option<PathBuf>,
     pub log_level: Option<String>,
-    #[serde(default)]
-    pub webhook: Vec<WebhookFile>,
-    #[serde(default)]
-    pub nats: Vec<NatsFile>,
-    #[serde(default)]
-    pub dask: Vec<DaskFile>,
-    #[serde(default)]
-    pub slurm: Vec<SlurmFile>,
     pub sample_interval: Option<Span>,
     pub growth_step: Option<Size>,
     pub source: Option<SourceChoice>,
@@ -234,12 +218,13 @@ impl Config {
 
     /// Defaults, then `file` (when given), then `overrides`; then validated.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
-        let from_file = match file {
+        let (from_file, sinks) = match file {
             Some(path) => parse_file(path)?,
-            None => FileConfig::default(),
+            None => (FileConfig::default(), Vec::new()),
         };
         let mut config = Config::default();
         config.apply(from_file)?;
+        config.sinks = sinks;
         if let Some(listen) = overrides.listen {
             config.listen = listen;
         }
@@ -255,12 +240,13 @@ impl Config {
             config.state_dir = dir.clone();
         }
         if !overrides.webhooks.is_empty() {
-            config.webhooks = overrides
-                .webhooks
-                .iter()
-                .enumerate()
-                .map(|(i, url)| WebhookConfig::from_flag(i, url))
-                .collect::<Result<_, _>>()?;
+            config
+                .sinks
+                .retain(|s| !matches!(s, SinkConfig::Webhook(_)));
+            for (i, url) in overrides.webhooks.iter().enumerate() {
+                let webhook = WebhookConfig::from_flag(i, url)?;
+                config.sinks.push(SinkConfig::Webhook(webhook));
+            }
         }
         config.validate()?;
         Ok(config)
@@ -287,10 +273,6 @@ impl Config {
             growth_min,
             worker,
             rule,
-            webhook,
-            nats,
-            dask,
-            slurm,
             kubernetes,
         } = file;
         self.kubernetes = kubernetes.map(Kubernetes::from).unwrap_or_default();
@@ -303,26 +285,6 @@ impl Config {
         if let Some(v) = heartbeat_interval {
             self.heartbeat_interval = duration("heartbeat_interval", &v)?;
         }
-        self.webhooks = webhook
-            .into_iter()
-            .enumerate()
-            .map(|(i, w)| w.resolve(i))
-            .collect::<Result<_, _>>()?;
-        self.nats = nats
-            .into_iter()
-            .enumerate()
-            .map(|(i, n)| n.resolve(i))
-            .collect::<Result<_, _>>()?;
-        self.dask = dask
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| d.resolve(i))
-            .collect::<Result<_, _>>()?;
-        self.slurm = slurm
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| d.resolve(i))
-            .collect::<Result<_, _>>()?;
         set(&mut self.listen, listen);
         set(&mut self.node_name, node_name);
         set(&mut self.outbox_capacity, outbox_capacity);
@@ -367,7 +329,7 @@ impl Config {
         self.rules = rule
             .into_iter()
             .map(|r| {
-                Ok(Rule {
+                Ok::<_, ConfigError>(Rule {
                     pattern: glob::Pattern::new(&r.cgroup).map_err(|e| {
                         invalid("rule.cgroup", format!("`{}` is not a glob: {e}", r.cgroup))
                     })?,
@@ -396,11 +358,7 @@ impl Config {
             return Err(invalid("heartbeat_interval", "must be at least 1s"));
         }
         let mut names = std::collections::BTreeSet::new();
-        let sink_names = (self.webhooks.iter().map(|w| &w.name))
-            .chain(self.nats.iter().map(|n| &n.name))
-            .chain(self.dask.iter().map(|d| &d.name))
-            .chain(self.slurm.iter().map(|s| &s.name));
-        for name in sink_names {
+        for name in self.sinks.iter().map(SinkConfig::name) {
             if name.is_empty() || !names.insert(name) {
                 return Err(invalid(
                     "name",
@@ -438,7 +396,11 @@ impl Config {
                 ));
             }
         }
-        for (i, s) in self.slurm.iter().enumerate() {
+        let slurm = self.sinks.iter().filter_map(|s| match s {
+            SinkConfig::Slurm(slurm) => Some(slurm),
+            _ => None,
+        });
+        for (i, s) in slurm.enumerate() {
             // With no [[worker]], the host is the one worker, named `host`.
             if let Some(w) = s
                 .nodes
@@ -455,15 +417,50 @@ impl Config {
     }
 }
 
-fn parse_file(path: &Path) -> Result<FileConfig, ConfigError> {
+/// Reads the file: the sink tables through the sink registry, the rest as
+/// [`FileConfig`] (unknown keys are errors that name them).
+fn parse_file(path: &Path) -> Result<(FileConfig, Vec<SinkConfig>), ConfigError> {
     let text = fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+    let parse_error = |message: String| ConfigError::Parse {
+        path: path.display().to_string(),
+        message: message.trim_end().replace('\n', "; "),
+    };
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.display().to_string(),
         message: e.to_string().trim_end().to_string(),
-    })
+    })?;
+    let mut sinks = Vec::new();
+    for kind in sinks::TABLES {
+        let Some(value) = table.remove(*kind) else {
+            continue;
+        };
+        let toml::Value::Array(items) = value else {
+            return Err(invalid(*kind, format!("must be written [[{kind}]]")));
+        };
+        for (index, item) in items.into_iter().enumerate() {
+            let toml::Value::Table(item) = item else {
+                return Err(invalid(format!("{kind}[{index}]"), "must be a table"));
+            };
+            if let Some(sink) = SinkConfig::from_table(kind, index, item) {
+                sinks.push(sink?);
+            }
+        }
+    }
+    let file = FileConfig::deserialize(toml::Value::Table(table))
+        .map_err(|e| parse_error(e.to_string()))?;
+    Ok((file, sinks))
+}
+
+impl From<InvalidKey> for ConfigError {
+    fn from(e: InvalidKey) -> Self {
+        ConfigError::Invalid {
+            key: e.key,
+            problem: e.problem,
+        }
+    }
 }
 
 fn set<T>(slot: &mut T, value: Option<T>) {

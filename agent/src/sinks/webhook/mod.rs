@@ -6,14 +6,23 @@
 //! [`SIGNATURE_HEADER`] `sha256=<hex HMAC-SHA256 of the body, keyed by the
 //! secret>`. Any 2xx acknowledges the whole batch.
 
+mod config;
+
+use anyhow::Context as _;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use reqwest::header::CONTENT_TYPE;
 use sha2::Sha256;
+use tokio::task::JoinHandle;
+use tracing::info;
 
-use super::delivery::{FailureClass, SendError, Sink};
+pub use self::config::WebhookConfig;
 use crate::{
-    config::{Delivery, WebhookConfig},
     model::event::Event,
+    sinks::{
+        SinkContext, Start,
+        config::Delivery,
+        delivery::{FailureClass, SendError, Sink},
+    },
 };
 
 /// Id of the first event of the batch.
@@ -36,6 +45,19 @@ impl WebhookSink {
             .user_agent(concat!("memwatch/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self { config, client })
+    }
+}
+
+impl Start for WebhookConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+        info!(sink = %self.name, url = %self.url, signed = self.secret.is_some(), "webhook sink");
+        let sink = WebhookSink::new(self.clone())
+            .with_context(|| format!("webhook sink {}", self.name))?;
+        Ok(vec![ctx.spawn_delivery(sink)])
     }
 }
 

@@ -7,14 +7,32 @@
 //! stored once. The stream is created (file storage, the server's default
 //! duplicate window of 2 minutes) when it does not exist.
 
+mod config;
+
 use async_nats::jetstream::{self, message::PublishMessage, stream};
+use tokio::task::JoinHandle;
 use tracing::info;
 
-use super::delivery::{FailureClass, SendError, Sink};
+pub use self::config::{DEFAULT_NATS_STREAM, DEFAULT_NATS_SUBJECT, NatsConfig};
 use crate::{
-    config::{Delivery, NatsConfig},
     model::event::Event,
+    sinks::{
+        SinkContext, Start,
+        config::Delivery,
+        delivery::{FailureClass, SendError, Sink},
+    },
 };
+
+impl Start for NatsConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+        info!(sink = %self.name, url = %self.url, stream = %self.stream, subject = %self.subject, "NATS JetStream sink");
+        Ok(vec![ctx.spawn_delivery(NatsSink::new(self.clone()))])
+    }
+}
 
 pub struct NatsSink {
     config: NatsConfig,

@@ -12,7 +12,7 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::model::spec::MemorySource;
+use crate::{model::spec::MemorySource, outbox::Outbox, telemetry::Metrics};
 
 /// A Dask scheduler's HTTP API: the workers it lists, the retirements asked.
 #[derive(Clone, Default)]
@@ -80,8 +80,7 @@ fn sink(url: &str, outbox: &Outbox) -> DaskSink {
     DaskSink::new(
         config,
         specs,
-        outbox.clone(),
-        metrics,
+        Recorder::new(outbox.clone(), metrics),
         SchedulerNames::default(),
     )
     .unwrap()

@@ -27,7 +27,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::store::{Store, StoreError};
+pub mod store;
+
+use self::store::{Store, StoreError};
 use crate::{
     model::event::{Event, EventBody},
     telemetry::Metrics,
@@ -158,9 +160,7 @@ impl Outbox {
     ///
     /// Never fails: when the state directory cannot be written the event
     /// waits in memory (see the module docs).
-    pub fn append(&self, mut body: EventBody, time: Option<DateTime<Utc>>) -> Event {
-        // Every event with a cgroup names its pod when the cgroup is one.
-        crate::model::pod::annotate(&mut body);
+    pub fn append(&self, body: EventBody, time: Option<DateTime<Utc>>) -> Event {
         let kind = body.kind;
         let event = {
             let mut inner = self.lock();

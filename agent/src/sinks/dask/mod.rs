@@ -23,26 +23,60 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::{
-    dask_map::{self, GetWorkers, Mapped, SchedulerNames},
-    delivery::{FailureClass, SendError, Sink},
-    guard::Guard,
-    outbox::Outbox,
-    webhook::classify,
-};
+mod config;
+pub mod names;
+
+use anyhow::Context as _;
+use tokio::task::JoinHandle;
+
+pub use self::config::DaskConfig;
+use self::names::{GetWorkers, Mapped, SchedulerNames};
 use crate::{
-    config::{DaskConfig, Delivery},
-    model::event::{Event, EventBody, EventKind},
-    model::spec::WorkerSpec,
-    telemetry::Metrics,
+    model::{
+        event::{Event, EventBody, EventKind},
+        spec::WorkerSpec,
+    },
+    record::Recorder,
+    sinks::{
+        SinkContext, Start,
+        config::Delivery,
+        delivery::{FailureClass, SendError, Sink},
+        guard::Guard,
+        webhook::classify,
+    },
 };
+
+impl Start for DaskConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+        info!(sink = %self.name, url = %self.url, min_workers = self.min_workers, min_fraction = self.min_fraction, "Dask sink");
+        let sink = DaskSink::new(
+            self.clone(),
+            Arc::clone(&ctx.workers),
+            ctx.recorder.clone(),
+            ctx.names.clone(),
+        )
+        .with_context(|| format!("Dask sink {}", self.name))?;
+        Ok(vec![
+            ctx.spawn_delivery(sink),
+            tokio::spawn(refresh_names(
+                self.clone(),
+                Arc::clone(&ctx.workers),
+                ctx.names.clone(),
+                ctx.stop.clone(),
+            )),
+        ])
+    }
+}
 
 pub struct DaskSink {
     config: DaskConfig,
     client: reqwest::Client,
     specs: Arc<[WorkerSpec]>,
-    outbox: Outbox,
-    metrics: Metrics,
+    recorder: Recorder,
     names: SchedulerNames,
     /// memwatch workers that are unhealthy and not retired yet.
     pending: BTreeSet<String>,
@@ -58,16 +92,14 @@ impl DaskSink {
     pub fn new(
         config: DaskConfig,
         specs: Arc<[WorkerSpec]>,
-        outbox: Outbox,
-        metrics: Metrics,
+        recorder: Recorder,
         names: SchedulerNames,
     ) -> Result<Self, reqwest::Error> {
         Ok(Self {
             client: client(&config.delivery)?,
             config,
             specs,
-            outbox,
-            metrics,
+            recorder,
             names,
             pending: BTreeSet::new(),
             done: BTreeSet::new(),
@@ -130,7 +162,7 @@ impl DaskSink {
             .map_err(|e| SendError::new(FailureClass::Other, format!("get_workers answer: {e}")))?;
         let specs = Arc::clone(&self.specs);
         let mapped =
-            tokio::task::spawn_blocking(move || dask_map::map_workers(&specs, &answer.workers))
+            tokio::task::spawn_blocking(move || names::map_workers(&specs, &answer.workers))
                 .await
                 .map_err(|e| SendError::new(FailureClass::Other, format!("worker map: {e}")))?;
         self.names.update(&mapped);
@@ -166,7 +198,8 @@ impl DaskSink {
             }
             self.retire(&addresses).await?;
             info!(sink = %self.config.name, %worker, dask = ?addresses, "Dask workers retired");
-            self.metrics
+            self.recorder
+                .metrics()
                 .scheduler_actions
                 .with_label_values(&[self.config.name.as_str(), "retire"])
                 .inc();
@@ -205,12 +238,12 @@ impl DaskSink {
             "not retiring Dask worker(s) {}: {why}; retried when the cluster changes",
             addresses.join(", ")
         ));
-        self.metrics.count_event(&body);
-        self.metrics
+        self.recorder
+            .metrics()
             .scheduler_actions
             .with_label_values(&[self.config.name.as_str(), "guard_blocked"])
             .inc();
-        self.outbox.append(body, None);
+        self.recorder.record(body, None);
     }
 }
 
@@ -276,10 +309,9 @@ pub async fn refresh_names(
         match tokio::time::timeout(config.delivery.timeout + Duration::from_secs(1), answer).await {
             Ok(Ok(answer)) => {
                 let specs = Arc::clone(&specs);
-                if let Ok(mapped) = tokio::task::spawn_blocking(move || {
-                    dask_map::map_workers(&specs, &answer.workers)
-                })
-                .await
+                if let Ok(mapped) =
+                    tokio::task::spawn_blocking(move || names::map_workers(&specs, &answer.workers))
+                        .await
                 {
                     names.update(&mapped);
                 }

@@ -31,13 +31,21 @@ use std::{
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::{
-    delivery::{SendError, Sink},
-    scontrol::{self, ScontrolError},
-};
+mod config;
+pub mod scontrol;
+
+use anyhow::Context as _;
+use tokio::task::JoinHandle;
+
+pub use self::config::{RequeuePolicy, SlurmConfig};
+use self::scontrol::ScontrolError;
 use crate::{
-    config::{Delivery, RequeuePolicy, SlurmConfig},
     model::event::{Event, EventKind},
+    sinks::{
+        SinkContext, Start,
+        config::Delivery,
+        delivery::{FailureClass, SendError, Sink},
+    },
     telemetry::Metrics,
 };
 
@@ -57,6 +65,30 @@ struct SlurmState {
     requeues: BTreeMap<u64, u32>,
     /// Highest event seq acted on.
     last_seq: u64,
+}
+
+impl Start for SlurmConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+        info!(sink = %self.name, scontrol = %self.scontrol.display(), drain = self.drain, requeue = ?self.requeue, "Slurm sink");
+        let sink = SlurmSink::open(
+            self.clone(),
+            ctx.node_name.clone(),
+            &ctx.state_dir,
+            ctx.metrics.clone(),
+        )
+        .with_context(|| {
+            format!(
+                "Slurm sink {}: state in {} is unusable",
+                self.name,
+                ctx.state_dir.display()
+            )
+        })?;
+        Ok(vec![ctx.spawn_delivery(sink)])
+    }
 }
 
 pub struct SlurmSink {
@@ -98,7 +130,7 @@ impl SlurmSink {
         };
         write().map_err(|e| {
             SendError::new(
-                super::delivery::FailureClass::Other,
+                FailureClass::Other,
                 format!("saving {}: {e}", self.path.display()),
             )
         })

@@ -12,8 +12,7 @@ use backon::{BackoffBuilder as _, ExponentialBuilder};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::outbox::Outbox;
-use crate::{config::Delivery, model::event::Event, telemetry::Metrics};
+use crate::{model::event::Event, outbox::Outbox, sinks::config::Delivery, telemetry::Metrics};
 
 /// Why an attempt failed; a metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

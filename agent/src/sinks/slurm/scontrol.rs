@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, path::Path, process::Stdio, time::Duration};
 
 use tokio::process::Command;
 
-use super::delivery::FailureClass;
+use crate::sinks::delivery::FailureClass;
 
 /// Why an `scontrol` run failed.
 #[derive(Debug, thiserror::Error)]

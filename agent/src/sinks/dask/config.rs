@@ -1,0 +1,100 @@
+//! `[[dask]]`: retire the Dask worker of an unhealthy memwatch worker, within
+//! the cluster guard.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::sinks::config::{Delivery, InvalidKey, SinkTable};
+
+/// Workers that must stay in a Dask cluster after a retirement.
+pub const DEFAULT_DASK_MIN_WORKERS: usize = 1;
+/// Fraction of the Dask cluster that must stay after a retirement.
+pub const DEFAULT_DASK_MIN_FRACTION: f64 = 0.5;
+/// How often the Dask worker ↔ memwatch worker map is refreshed.
+pub const DEFAULT_DASK_REFRESH: Duration = Duration::from_secs(2);
+/// `retire_workers` moves a worker's data before answering: give it time.
+pub const DEFAULT_DASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DaskConfig {
+    pub name: String,
+    /// The scheduler's HTTP address (its dashboard port), e.g. `http://127.0.0.1:8787`.
+    pub url: reqwest::Url,
+    /// A retirement never leaves fewer workers than this in the cluster.
+    pub min_workers: usize,
+    /// … nor less than this fraction of the workers the scheduler lists.
+    pub min_fraction: f64,
+    /// Period of the worker map refresh (it names Dask addresses in `oom_kill` events).
+    pub refresh_interval: Duration,
+    pub delivery: Delivery,
+}
+
+/// The keys of `[[dask]]` besides the delivery keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DaskFile {
+    url: String,
+    name: Option<String>,
+    min_workers: Option<usize>,
+    min_fraction: Option<f64>,
+    refresh_interval: Option<String>,
+}
+
+impl DaskConfig {
+    pub fn from_table(mut table: SinkTable) -> Result<Self, InvalidKey> {
+        let defaults = Delivery {
+            timeout: DEFAULT_DASK_TIMEOUT,
+            ..Delivery::default()
+        };
+        let delivery = table.delivery(defaults, true)?;
+        let file: DaskFile = table.rest()?;
+        let min_fraction = file.min_fraction.unwrap_or(DEFAULT_DASK_MIN_FRACTION);
+        if !(0.0..=1.0).contains(&min_fraction) {
+            return Err(table.invalid(
+                "min_fraction",
+                format!("must be between 0 and 1, got {min_fraction}"),
+            ));
+        }
+        let refresh_interval = match file.refresh_interval {
+            Some(text) => table.duration("refresh_interval", &text)?,
+            None => DEFAULT_DASK_REFRESH,
+        };
+        if refresh_interval < Duration::from_millis(100) {
+            return Err(table.invalid("refresh_interval", "must be at least 100ms"));
+        }
+        Ok(Self {
+            name: file.name.unwrap_or_else(|| table.default_name()),
+            url: table.url("url", &file.url)?,
+            min_workers: file.min_workers.unwrap_or(DEFAULT_DASK_MIN_WORKERS),
+            min_fraction,
+            refresh_interval,
+            delivery,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sinks::config::table;
+
+    fn dask(text: &str) -> Result<DaskConfig, InvalidKey> {
+        DaskConfig::from_table(table("dask", text))
+    }
+
+    #[test]
+    fn dask_defaults_and_bad_values_name_the_key() {
+        let d = dask("url = \"http://127.0.0.1:8787\"").unwrap();
+        assert_eq!(d.name, "dask-1");
+        assert_eq!(d.min_workers, 1);
+        assert_eq!(d.min_fraction, 0.5);
+        assert_eq!(d.delivery.timeout, DEFAULT_DASK_TIMEOUT);
+        let e = dask("url = \"http://x\"\nmin_fraction = 1.5").unwrap_err();
+        assert!(e.to_string().contains("dask[0].min_fraction"), "{e}");
+        let e = dask("url = \"tcp://x:8786\"").unwrap_err();
+        assert!(e.to_string().contains("dask[0].url"), "{e}");
+        let e = dask("url = \"http://x\"\nrefresh_interval = \"1ms\"").unwrap_err();
+        assert!(e.to_string().contains("dask[0].refresh_interval"), "{e}");
+    }
+}

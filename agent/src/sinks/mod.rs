@@ -1,0 +1,130 @@
+//! Where events go after the outbox: the [`Sink`](delivery::Sink) trait and
+//! the one delivery loop every sink runs (delivery.rs), the cluster guard
+//! of the sinks that act on a scheduler (guard.rs), and one folder per sink
+//! that owns its config type: webhook, nats, dask, slurm.
+//!
+//! Adding a sink touches its own folder and one line of [`sinks!`] below
+//! (docs/writing-a-sink.md).
+
+pub mod config;
+pub mod dask;
+pub mod delivery;
+pub mod guard;
+pub mod nats;
+pub mod slurm;
+pub mod webhook;
+
+use std::{path::PathBuf, sync::Arc};
+
+use tokio::{sync::watch, task::JoinHandle};
+
+use self::{
+    config::{InvalidKey, SinkTable},
+    dask::{DaskConfig, names::SchedulerNames},
+    delivery::Sink,
+    nats::NatsConfig,
+    slurm::SlurmConfig,
+    webhook::WebhookConfig,
+};
+use crate::{model::spec::WorkerSpec, outbox::Outbox, record::Recorder, telemetry::Metrics};
+
+/// What every sink is started with.
+#[derive(Clone)]
+pub struct SinkContext {
+    pub outbox: Outbox,
+    /// For the events a sink makes itself (`guard_blocked`).
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    /// Turns true at shutdown: sinks stop between attempts.
+    pub stop: watch::Receiver<bool>,
+    pub node_name: String,
+    pub state_dir: PathBuf,
+    /// Every worker (the host worker when none is configured).
+    pub workers: Arc<[WorkerSpec]>,
+    /// Scheduler names of processes, filled by the Dask sinks.
+    pub names: SchedulerNames,
+}
+
+impl SinkContext {
+    /// Runs `sink`'s delivery loop until shutdown.
+    pub fn spawn_delivery<S: Sink>(&self, sink: S) -> JoinHandle<()> {
+        tokio::spawn(delivery::run(
+            sink,
+            self.outbox.clone(),
+            self.metrics.clone(),
+            self.stop.clone(),
+        ))
+    }
+}
+
+/// What each sink's config type does besides being read.
+pub trait Start {
+    /// Label on metrics and key of the sink's cursor.
+    fn name(&self) -> &str;
+    /// Starts the sink: its delivery loop and any task of its own.
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>>;
+}
+
+/// The registry: each line names a config table and the sink's config type
+/// (which implements [`Start`] and has `from_table(SinkTable)`).
+macro_rules! sinks {
+    ($($table:literal => $variant:ident($config:ty)),+ $(,)?) => {
+        /// One configured sink, of any kind.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum SinkConfig {
+            $($variant($config)),+
+        }
+
+        /// The config file's sink tables: `[[webhook]]`, …
+        pub const TABLES: &[&str] = &[$($table),+];
+
+        impl SinkConfig {
+            /// Reads the `index`th `[[table]]`; `None` when `table` is no sink's.
+            pub fn from_table(
+                table: &str,
+                index: usize,
+                value: toml::Table,
+            ) -> Option<Result<Self, InvalidKey>> {
+                match table {
+                    $($table => Some(
+                        <$config>::from_table(SinkTable::new($table, index, value))
+                            .map(Self::$variant),
+                    ),)+
+                    _ => None,
+                }
+            }
+
+            fn kind(&self) -> &dyn Start {
+                match self {
+                    $(Self::$variant(config) => config),+
+                }
+            }
+        }
+    };
+}
+
+sinks! {
+    "webhook" => Webhook(WebhookConfig),
+    "nats" => Nats(NatsConfig),
+    "dask" => Dask(DaskConfig),
+    "slurm" => Slurm(SlurmConfig),
+}
+
+impl SinkConfig {
+    pub fn name(&self) -> &str {
+        self.kind().name()
+    }
+
+    pub fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+        self.kind().start(ctx)
+    }
+}
+
+/// Starts every configured sink.
+pub fn start_all(sinks: &[SinkConfig], ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    let mut tasks = Vec::new();
+    for sink in sinks {
+        tasks.extend(sink.start(ctx)?);
+    }
+    Ok(tasks)
+}

@@ -1,0 +1,119 @@
+//! `[[slurm]]`: drain the node of an unhealthy worker and requeue the job
+//! of an OOM kill, through `scontrol`.
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+use crate::sinks::config::{Delivery, InvalidKey, SinkTable};
+
+/// Requeues of one job memwatch makes at most.
+pub const DEFAULT_SLURM_MAX_REQUEUES: u32 = 3;
+/// Time allowed to one `scontrol` run.
+pub const DEFAULT_SLURM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What to do with a Slurm job whose process was OOM-killed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeuePolicy {
+    /// Leave it to Slurm (the job fails or continues as its script decides).
+    Never,
+    /// `scontrol requeue`, start it at once, and keep it off the node that killed it.
+    #[default]
+    OtherNode,
+    /// `scontrol requeue`, start it at once, on any node.
+    AnyNode,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlurmConfig {
+    pub name: String,
+    /// The `scontrol` program (on PATH by default).
+    pub scontrol: PathBuf,
+    /// memwatch worker name → Slurm node name; a worker not listed is the
+    /// node named like the agent's `node_name`.
+    pub nodes: BTreeMap<String, String>,
+    /// Drain the node of an unhealthy worker, resume it on recovery.
+    pub drain: bool,
+    pub requeue: RequeuePolicy,
+    pub max_requeues: u32,
+    /// `timeout` is the time allowed to one `scontrol` run.
+    pub delivery: Delivery,
+}
+
+/// The keys of `[[slurm]]` besides the delivery keys (it opens no
+/// connection: no `connect_timeout`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlurmFile {
+    name: Option<String>,
+    scontrol: Option<PathBuf>,
+    #[serde(default)]
+    nodes: BTreeMap<String, String>,
+    drain: Option<bool>,
+    requeue: Option<RequeuePolicy>,
+    max_requeues: Option<u32>,
+}
+
+impl SlurmConfig {
+    pub fn from_table(mut table: SinkTable) -> Result<Self, InvalidKey> {
+        let defaults = Delivery {
+            timeout: DEFAULT_SLURM_TIMEOUT,
+            ..Delivery::default()
+        };
+        let delivery = table.delivery(defaults, false)?;
+        let file: SlurmFile = table.rest()?;
+        let scontrol = file.scontrol.unwrap_or_else(|| PathBuf::from("scontrol"));
+        if scontrol.as_os_str().is_empty() {
+            return Err(table.invalid("scontrol", "must not be empty"));
+        }
+        for (worker, node) in &file.nodes {
+            // The node name goes into `NodeName=<node>`: no room for a second argument.
+            if node.is_empty() || node.contains(|c: char| c.is_whitespace() || c == '=') {
+                return Err(table.invalid(
+                    &format!("nodes.{worker}"),
+                    format!("is not a Slurm node name: {node:?}"),
+                ));
+            }
+        }
+        Ok(Self {
+            name: file.name.unwrap_or_else(|| table.default_name()),
+            scontrol,
+            nodes: file.nodes,
+            drain: file.drain.unwrap_or(true),
+            requeue: file.requeue.unwrap_or_default(),
+            max_requeues: file.max_requeues.unwrap_or(DEFAULT_SLURM_MAX_REQUEUES),
+            delivery,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sinks::config::table;
+
+    fn slurm(text: &str) -> Result<SlurmConfig, InvalidKey> {
+        SlurmConfig::from_table(table("slurm", text))
+    }
+
+    #[test]
+    fn slurm_defaults_and_bad_values_name_the_key() {
+        let s = slurm("nodes = { w1 = \"n1\" }").unwrap();
+        assert_eq!(s.name, "slurm-1");
+        assert!(s.drain);
+        assert_eq!(s.requeue, RequeuePolicy::OtherNode);
+        assert_eq!(s.delivery.timeout, DEFAULT_SLURM_TIMEOUT);
+        let e = slurm("nodes = { w1 = \"n1 State=DOWN\" }").unwrap_err();
+        assert!(e.to_string().contains("slurm[0].nodes.w1"), "{e}");
+        let e = slurm("timeout = \"soon\"").unwrap_err();
+        assert!(e.to_string().contains("slurm[0].timeout"), "{e}");
+        let e = slurm("requeue = \"sometimes\"").unwrap_err();
+        assert!(e.to_string().contains("slurm[0]"), "{e}");
+        let e = slurm("connect_timeout = \"1s\"").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `connect_timeout`"),
+            "{e}"
+        );
+    }
+}
