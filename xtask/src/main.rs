@@ -2,7 +2,10 @@
 //!
 //! - `setup`: installs what the eBPF build needs and is missing (idempotent).
 //! - `run`:   setup, build, and run the agent on this host.
-//! - `test`:  setup, format and lint checks, build, and every test.
+//! - `test`:  setup, format and lint checks, the layer check, build, and
+//!   every test.
+//! - `layers`: agent/src modules import only lower layers
+//!   (docs/architecture.md).
 //! - `bench`: setup, then benchmarks that print ratios measured side by side.
 //! - `image`: setup, release build, and the OCI image (buildah, no registry).
 //! - `vm-test`: setup, then the kernel tests on Debian kernels booted in QEMU
@@ -13,6 +16,7 @@ mod bench_delay;
 mod bench_idle;
 mod bench_storm;
 mod kernels_doc;
+mod layers;
 mod setup;
 mod shell;
 mod test;
@@ -48,7 +52,7 @@ enum Task {
     },
     /// Set up, build (release) and write the OCI image to target/memwatch.oci.tar (as root, needs buildah).
     Image,
-    /// Set up, check formatting and lints, build, and run every test.
+    /// Set up, check formatting, lints and layers, build, and run every test.
     Test {
         /// Also run the kernel matrix (`vm-test`) after the tests; on by
         /// default when CI=true.
@@ -61,6 +65,8 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Check that agent/src modules import only lower layers (docs/architecture.md).
+    Layers,
     /// Set up, then run the kernel tests on Debian kernels booted in QEMU
     /// (pure cgroup v2) and on this host; print a summary per kernel and
     /// write docs/kernels.md (as root).
@@ -118,6 +124,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Task::Layers => layers::run(),
         Task::VmTest {
             kernels,
             timeout,

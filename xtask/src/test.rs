@@ -36,6 +36,8 @@ pub fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
             ],
         )?;
     }
+    // agent/src imports only lower layers (docs/architecture.md).
+    crate::layers::run()?;
     // The kernel tests run the real binaries: build them first.
     shell::build_bins(false)?;
     let mut args: Vec<String> = vec!["test".into(), "--locked".into()];
