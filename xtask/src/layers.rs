@@ -33,16 +33,18 @@ pub const LAYERS: &[(&str, u8)] = &[
     ("probe", 3),
     // The durable event log.
     ("outbox", 3),
+    // The one way a new event is stored: enriched, counted, appended.
+    ("record", 4),
     // The Sink trait, the delivery loop, webhook/nats/dask/slurm.
-    ("sinks", 4),
+    ("sinks", 5),
     // File and flags -> validated config.
-    ("config", 5),
+    ("config", 6),
     // Runtime wiring: monitor, pipeline, sampling, reconcile, heartbeat, status.
-    ("daemon", 6),
+    ("daemon", 7),
     // HTTP routes and the response types.
-    ("api", 7),
+    ("api", 8),
     // CLI commands and the typed client.
-    ("cmd", 8),
+    ("cmd", 9),
 ];
 
 /// Imports that break the rule on purpose: (from, to, why). Each needs its
