@@ -1,11 +1,19 @@
 //! The docs, the dashboard and the alert rules, checked against the code:
 //! every metric they name is one the agent exports (and docs/metrics.md
 //! names them all); every config key of the structs is in
-//! docs/configuration.md (and nothing more).
+//! docs/configuration.md (and nothing more); docs/design.md, the contract,
+//! names every command, flag, route and event kind the code has (and no
+//! route it does not serve); docs/events.md lists exactly the event fields
+//! and every kind; links between the docs resolve; and no tracked file
+//! points outside the repository.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
 
-use memwatch_tests::ops::read;
+use memwatch::event::EventKind;
+use memwatch_tests::ops::{read, repo};
 
 /// `memwatch_*` names exported by the agent: the constants of telemetry.rs.
 fn exported_metrics() -> BTreeSet<String> {
@@ -215,12 +223,15 @@ fn configuration_doc_lists_exactly_the_config_keys() {
 fn readme_links_the_docs() {
     let readme = read("README.md");
     for doc in [
+        "docs/design.md",
         "docs/install.md",
         "docs/configuration.md",
         "docs/metrics.md",
         "docs/events.md",
+        "docs/delivery.md",
         "docs/troubleshooting.md",
         "docs/kernels.md",
+        "docs/development.md",
     ] {
         assert!(
             readme.contains(&format!("({doc})")),
@@ -255,5 +266,470 @@ fn kernels_doc_is_written_by_vm_test_and_covers_the_ci_matrix() {
     assert!(
         !doc.contains("FAILED"),
         "docs/kernels.md records a failed run"
+    );
+}
+
+/// Every `.rs` file under `dir`, recursively, leaving out unit-test modules
+/// (`tests.rs`, `tests/`); paths relative to the repository.
+fn sources_under(dir: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if name == "tests" || name == "tests.rs" {
+                continue;
+            }
+            if path.is_dir() {
+                walk(&path, out);
+            } else if name.ends_with(".rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = repo();
+    let mut files = Vec::new();
+    walk(&root.join(dir), &mut files);
+    let mut files: Vec<PathBuf> = files
+        .iter()
+        .map(|f| f.strip_prefix(&root).unwrap_or(f).to_path_buf())
+        .collect();
+    files.sort();
+    files
+}
+
+/// A file of the repository (a path relative to it), as text.
+fn text_of(path: &Path) -> String {
+    read(&path.to_string_lossy())
+}
+
+/// Whether `doc` holds `token` followed by something that cannot continue
+/// it (so `--token` is not found in `--token-file`, nor `/v1/tasks` in
+/// `/v1/tasks/{task_id}`).
+fn mentions(doc: &str, token: &str) -> bool {
+    doc.match_indices(token).any(|(i, _)| {
+        doc[i + token.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || "_-/{}".contains(c)))
+    })
+}
+
+const HTTP_METHODS: [&str; 5] = ["get", "post", "put", "delete", "patch"];
+
+/// `METHOD /path` of every `.route(...)` call in agent/src/api.
+fn served_routes() -> BTreeSet<String> {
+    let mut routes = BTreeSet::new();
+    for file in sources_under("agent/src/api") {
+        let source = text_of(&file);
+        for (start, _) in source.match_indices(".route(") {
+            // The call's arguments, up to its closing parenthesis.
+            let rest = &source[start + ".route(".len()..];
+            let mut depth = 1;
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                    depth == 0
+                })
+                .map_or(rest.len(), |(i, _)| i);
+            let call = &rest[..end];
+            let path = call
+                .split('"')
+                .nth(1)
+                .unwrap_or_else(|| panic!("{}: a .route( without a path: {call}", file.display()));
+            let after_path = &call[call.find(path).unwrap_or(0) + path.len()..];
+            let mut methods = 0;
+            for method in HTTP_METHODS {
+                let call = format!("{method}(");
+                if after_path.match_indices(&call).any(|(i, _)| {
+                    !after_path[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                }) {
+                    routes.insert(format!("{} {path}", method.to_uppercase()));
+                    methods += 1;
+                }
+            }
+            assert!(
+                methods > 0,
+                "{}: no method router in .route({call}): teach tests/ops/docs.rs its name",
+                file.display()
+            );
+        }
+    }
+    assert!(
+        routes.len() >= 5,
+        "the API routes were not found in agent/src/api (moved? update tests/ops/docs.rs): {routes:?}"
+    );
+    routes
+}
+
+/// `METHOD /path` of every route in the first column of design.md's tables.
+fn routes_listed_in(doc: &str) -> BTreeSet<String> {
+    doc.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|cell| {
+            let (method, rest) = cell.split_once(' ')?;
+            let is_method = HTTP_METHODS.iter().any(|m| m.to_uppercase() == method);
+            let path_end = rest.find(['`', '[', '?', ' ']).unwrap_or(rest.len());
+            (is_method && rest.starts_with('/')).then(|| format!("{method} {}", &rest[..path_end]))
+        })
+        .collect()
+}
+
+#[test]
+fn design_doc_lists_exactly_the_routes_the_api_serves() {
+    let design = read("docs/design.md");
+    let served = served_routes();
+    let missing: Vec<_> = served
+        .iter()
+        .filter(|r| !mentions(&design, &format!("`{r}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/design.md does not document the routes {missing:?} that agent/src/api serves: \
+         add them to its HTTP API table"
+    );
+    let listed = routes_listed_in(&design);
+    let stale: Vec<_> = listed.difference(&served).collect();
+    assert!(
+        stale.is_empty(),
+        "docs/design.md lists routes {stale:?} that agent/src/api does not serve (served: {served:?})"
+    );
+}
+
+/// `CamelCase` → `kebab-case`, as clap names subcommands and flags.
+fn kebab(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('-');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(if c == '_' { '-' } else { c });
+        }
+    }
+    out
+}
+
+/// The `memwatch` subcommands: the variants of the `Subcommand` enum
+/// `Command` in agent/src (hidden ones left out).
+fn subcommands() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for file in sources_under("agent/src") {
+        let source = text_of(&file);
+        let mut derive_subcommand = false;
+        let mut inside = false;
+        let mut renamed: Option<String> = None;
+        let mut hidden = false;
+        for line in source.lines() {
+            let t = line.trim();
+            if !inside {
+                if t.starts_with("#[derive(") {
+                    derive_subcommand = t.contains("Subcommand");
+                } else if derive_subcommand
+                    && (t.starts_with("pub enum Command ") || t.starts_with("enum Command "))
+                {
+                    inside = true;
+                }
+                continue;
+            }
+            if line.starts_with('}') {
+                inside = false;
+                derive_subcommand = false;
+            } else if let Some(attr) = t.strip_prefix("#[command(") {
+                hidden |= attr.contains("hide = true");
+                if let Some(name) = attr
+                    .split_once("name = \"")
+                    .and_then(|(_, n)| n.split('"').next())
+                {
+                    renamed = Some(name.to_string());
+                }
+            } else if t.starts_with(|c: char| c.is_ascii_uppercase()) {
+                let variant: String = t
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric())
+                    .collect();
+                let name = renamed.take().unwrap_or_else(|| kebab(&variant));
+                if !std::mem::take(&mut hidden) {
+                    names.insert(name);
+                }
+            }
+        }
+    }
+    assert!(
+        names.len() >= 5,
+        "the `memwatch` subcommands (a `#[derive(Subcommand)] enum Command` in agent/src) \
+         were not found (renamed? update tests/ops/docs.rs): {names:?}"
+    );
+    names
+}
+
+/// The visible long flags of every `#[arg(long …)]` field in agent/src.
+fn cli_flags() -> BTreeSet<String> {
+    let mut flags = BTreeSet::new();
+    for file in sources_under("agent/src") {
+        let source = text_of(&file);
+        let mut pending: Option<(Option<String>, bool)> = None;
+        let mut attr = String::new();
+        for line in source.lines() {
+            let t = line.trim();
+            if t.starts_with("#[arg(") || !attr.is_empty() {
+                attr.push_str(t);
+                if !t.ends_with(")]") {
+                    continue;
+                }
+                let inner = attr
+                    .trim_start_matches("#[arg(")
+                    .trim_end_matches(")]")
+                    .to_string();
+                attr.clear();
+                let parts: Vec<&str> = inner.split(',').map(str::trim).collect();
+                let long = parts.iter().find_map(|p| {
+                    if *p == "long" {
+                        Some(None)
+                    } else {
+                        p.strip_prefix("long")
+                            .and_then(|r| r.trim_start().strip_prefix('='))
+                            .map(|v| Some(v.trim().trim_matches('"').to_string()))
+                    }
+                });
+                if let Some(name) = long {
+                    pending = Some((name, parts.contains(&"hide = true")));
+                }
+            } else if let Some((name, hidden)) = pending.take() {
+                let field = t.strip_prefix("pub ").unwrap_or(t);
+                let Some((field, _)) = field.split_once(':') else {
+                    // Another attribute or a doc comment between: keep waiting.
+                    pending = Some((name, hidden));
+                    continue;
+                };
+                if !hidden {
+                    flags.insert(format!("--{}", name.unwrap_or_else(|| kebab(field.trim()))));
+                }
+            }
+        }
+    }
+    assert!(
+        flags.len() >= 10,
+        "the CLI flags (`#[arg(long …)]` fields in agent/src) were not found: {flags:?}"
+    );
+    flags
+}
+
+#[test]
+fn design_doc_lists_every_command_and_flag() {
+    let design = read("docs/design.md");
+    let commands = subcommands();
+    let missing: Vec<_> = commands
+        .iter()
+        .filter(|c| !mentions(&design, &format!("`memwatch {c}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/design.md does not document the subcommands {missing:?}: add them to its Commands table"
+    );
+    let mut named = BTreeSet::new();
+    for (i, _) in design.match_indices("`memwatch ") {
+        let word: String = design[i + "`memwatch ".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '-')
+            .collect();
+        if !word.is_empty() {
+            named.insert(word);
+        }
+    }
+    let stale: Vec<_> = named.difference(&commands).collect();
+    assert!(
+        stale.is_empty(),
+        "docs/design.md names subcommands {stale:?} that `memwatch` does not have ({commands:?})"
+    );
+    let flags = cli_flags();
+    let missing: Vec<_> = flags.iter().filter(|f| !mentions(&design, f)).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/design.md does not document the flags {missing:?}: add them to its Commands section"
+    );
+}
+
+#[test]
+fn design_doc_lists_every_event_kind_and_links_the_tables() {
+    let design = read("docs/design.md");
+    let missing: Vec<_> = EventKind::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .filter(|k| !design.contains(&format!("`{k}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/design.md does not name the event kinds {missing:?}: add them to its Events table"
+    );
+    for doc in ["configuration.md", "events.md", "metrics.md"] {
+        assert!(
+            design.contains(&format!("({doc})")) || design.contains(&format!("({doc}#")),
+            "docs/design.md does not link docs/{doc}, which holds the full table"
+        );
+    }
+}
+
+/// The `pub` fields of `struct name` in `source` (`body` is flattened).
+fn struct_fields(source: &str, name: &str) -> Option<BTreeSet<String>> {
+    let start = source.find(&format!("pub struct {name} {{"))?;
+    let body = &source[start..];
+    let body = &body[..body.find("\n}").unwrap_or(body.len())];
+    Some(
+        body.lines()
+            .filter_map(|l| l.trim().strip_prefix("pub "))
+            .filter_map(|f| f.split_once(':'))
+            .map(|(f, _)| f.trim().to_string())
+            .filter(|f| f != "body")
+            .collect(),
+    )
+}
+
+/// The names in the first column of `doc`'s tables between `## {section}`
+/// and the next `## ` heading.
+fn first_column(doc: &str, section: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut inside = false;
+    for line in doc.lines() {
+        if let Some(heading) = line.strip_prefix("## ") {
+            inside = heading == section;
+        } else if inside && let Some(row) = line.strip_prefix("| `") {
+            let first = format!("`{}", row.split(" |").next().unwrap_or_default());
+            names.extend(first.split('`').skip(1).step_by(2).map(str::to_string));
+        }
+    }
+    names
+}
+
+#[test]
+fn events_doc_lists_exactly_the_event_fields_and_every_kind() {
+    let (file, source) = sources_under("agent/src")
+        .into_iter()
+        .map(|f| {
+            let text = text_of(&f);
+            (f, text)
+        })
+        .find(|(_, text)| text.contains("pub struct EventBody {"))
+        .expect(
+            "`pub struct EventBody` not found in agent/src (renamed? update tests/ops/docs.rs)",
+        );
+    let mut fields = struct_fields(&source, "Event").unwrap_or_else(|| {
+        panic!(
+            "{}: `pub struct Event` not found next to EventBody",
+            file.display()
+        )
+    });
+    fields.extend(struct_fields(&source, "EventBody").unwrap_or_default());
+    let doc = read("docs/events.md");
+    let listed = first_column(&doc, "Fields");
+    let undocumented: Vec<_> = fields.difference(&listed).collect();
+    let stale: Vec<_> = listed.difference(&fields).collect();
+    assert!(
+        undocumented.is_empty() && stale.is_empty(),
+        "docs/events.md `## Fields`: undocumented fields {undocumented:?}, \
+         documented fields {} does not have {stale:?}",
+        file.display()
+    );
+    let kinds = first_column(&doc, "Kinds");
+    let missing: Vec<_> = EventKind::ALL
+        .iter()
+        .map(|k| k.as_str().to_string())
+        .filter(|k| !kinds.contains(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/events.md `## Kinds` lacks {missing:?}"
+    );
+}
+
+#[test]
+fn links_between_the_docs_resolve() {
+    let mut docs = vec![PathBuf::from("README.md")];
+    for entry in std::fs::read_dir(repo().join("docs")).expect("docs/") {
+        let path = entry.expect("docs/ entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            docs.push(
+                path.strip_prefix(repo())
+                    .expect("under the repo")
+                    .to_path_buf(),
+            );
+        }
+    }
+    let mut broken = Vec::new();
+    for doc in &docs {
+        let text = read(&doc.to_string_lossy());
+        for (i, _) in text.match_indices("](") {
+            let target = &text[i + 2..];
+            let target = &target[..target.find(')').unwrap_or(target.len())];
+            let file = target.split('#').next().unwrap_or_default();
+            if file.is_empty() || file.contains("://") || file.starts_with("mailto:") {
+                continue;
+            }
+            let base = doc.parent().unwrap_or(Path::new(""));
+            if !repo().join(base).join(file).exists() {
+                broken.push(format!("{}: {target}", doc.display()));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "links to files that do not exist: {broken:?}"
+    );
+}
+
+/// What a clone of memwatch alone does not have: written in two pieces so
+/// that this file does not hold it.
+const OUTSIDE: &str = concat!("..", "/shared");
+
+#[test]
+fn no_tracked_file_points_outside_the_repository() {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo())
+        .args(["ls-files", "-z"])
+        .output()
+        .expect("git ls-files");
+    assert!(
+        out.status.success(),
+        "git ls-files: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split('\0')
+        .filter(|f| !f.is_empty())
+        .map(str::to_string)
+        .collect();
+    assert!(
+        files.len() > 50,
+        "git ls-files listed too little: {files:?}"
+    );
+    let offenders: Vec<&String> = files
+        .iter()
+        .filter(|f| {
+            let first = f.split('/').next().unwrap_or_default();
+            first != ".git" && first != ".ci"
+        })
+        .filter(|f| {
+            std::fs::read(repo().join(f)).is_ok_and(|bytes| {
+                bytes
+                    .windows(OUTSIDE.len())
+                    .any(|w| w == OUTSIDE.as_bytes())
+            })
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "these tracked files refer to `{OUTSIDE}`, which a clone of memwatch does not have \
+         (the contract is docs/design.md, the machine facts docs/development.md): {offenders:?}"
     );
 }

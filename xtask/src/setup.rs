@@ -1,7 +1,7 @@
 //! Installs what building the eBPF programs needs, only where it is missing:
 //! rust-src for the nightly toolchain, LLVM 22 (Debian's llvm-22-dev), and
-//! bpf-linker built against it. See ../shared/MACHINE-NOTES.md for why
-//! these exact pieces: a plain `cargo install bpf-linker` wants LLVM 23.
+//! bpf-linker built against it. See docs/development.md for why these
+//! exact pieces: a plain `cargo install bpf-linker` wants LLVM 23.
 
 use std::{path::Path, time::Instant};
 
