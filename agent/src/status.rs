@@ -56,7 +56,11 @@ pub fn agent_state(
 /// status and heartbeats all say this one.
 pub fn overall(probe: &ProbeState, outbox: &OutboxStatus, workers: &[WorkerView]) -> Verdict {
     let mut verdict = self_health::assess(probe, Instant::now());
-    self_health::assess_outbox(outbox, &mut verdict);
+    self_health::assess_outbox(
+        outbox.persist_error.as_deref(),
+        outbox.pending,
+        &mut verdict,
+    );
     for w in workers {
         for reason in &w.reasons {
             verdict.add(w.status, format!("worker {}: {reason}", w.name));

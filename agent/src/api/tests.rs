@@ -7,8 +7,8 @@ use tower::ServiceExt as _;
 use super::*;
 use crate::{
     model::event::{EventBody, EventKind},
+    model::source::SourceKind,
     model::spec::{MemorySource, Settings, WorkerSpec},
-    probe::SourceKind,
     sampler::fake::FakeReader,
     telemetry::Metrics,
 };

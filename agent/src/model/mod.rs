@@ -5,6 +5,7 @@
 pub mod event;
 pub mod health;
 pub mod pod;
+pub mod source;
 pub mod spec;
 pub mod time;
 pub mod units;

@@ -10,34 +10,7 @@ pub mod hooks;
 pub mod poll;
 pub mod privilege;
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
-
-/// Which source produces the event stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceKind {
-    /// eBPF programs in the kernel.
-    Ebpf,
-    /// Polling the cgroup files (no eBPF).
-    Poll,
-}
-
-impl SourceKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ebpf => "ebpf",
-            Self::Poll => "poll",
-        }
-    }
-}
-
-impl fmt::Display for SourceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Where user space tells the kernel side which cgroups to watch and their
 /// soft caps (the eBPF probe's WATCHED map; nothing for sampling-only runs).

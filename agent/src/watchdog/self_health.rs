@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{
-    model::health::{Health, Verdict},
-    outbox::OutboxStatus,
-    probe::SourceKind,
+use crate::model::{
+    health::{Health, Verdict},
+    source::SourceKind,
 };
 
 /// How long a kernel-side event loss keeps the agent `degraded`.
@@ -84,16 +83,14 @@ pub fn assess(probe: &ProbeState, now: Instant) -> Verdict {
     verdict
 }
 
-/// Adds the outbox's part: a state directory that cannot be written makes
-/// the agent `degraded` (events wait in memory and die with the process).
-pub fn assess_outbox(outbox: &OutboxStatus, verdict: &mut Verdict) {
-    if let Some(error) = &outbox.persist_error {
+/// Adds the outbox's part: a state directory that cannot be written
+/// (`persist_error`) makes the agent `degraded`: `pending` events wait in
+/// memory and die with the process.
+pub fn assess_outbox(persist_error: Option<&str>, pending: u64, verdict: &mut Verdict) {
+    if let Some(error) = persist_error {
         verdict.add(
             Health::Degraded,
-            format!(
-                "state directory not writable ({error}): {} events held in memory only",
-                outbox.pending
-            ),
+            format!("state directory not writable ({error}): {pending} events held in memory only"),
         );
     }
 }
@@ -105,14 +102,9 @@ mod tests {
     #[test]
     fn unwritable_state_directory_is_degraded_with_reason() {
         let mut verdict = Verdict::healthy();
-        assess_outbox(&OutboxStatus::default(), &mut verdict);
+        assess_outbox(None, 3, &mut verdict);
         assert_eq!(verdict, Verdict::healthy());
-        let status = OutboxStatus {
-            pending: 7,
-            persist_error: Some("database or disk is full".into()),
-            ..OutboxStatus::default()
-        };
-        assess_outbox(&status, &mut verdict);
+        assess_outbox(Some("database or disk is full"), 7, &mut verdict);
         assert_eq!(verdict.status, Health::Degraded);
         assert_eq!(
             verdict.reasons,
