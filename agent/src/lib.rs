@@ -1,25 +1,16 @@
-//! memwatch: a per-host memory watchdog. See ../shared/DESIGN.md for the
-//! words (worker, task, soft cap, residual memory) and the contract.
+//! memwatch: a per-host memory watchdog. docs/design.md holds the words
+//! (worker, task, soft cap, residual memory) and the contract;
+//! docs/architecture.md the layers these modules form.
 
-pub mod agent;
 pub mod api;
 pub mod cgroup;
-pub mod cli;
-pub mod client;
+pub mod cmd;
 pub mod config;
-pub mod doctor;
-pub mod exec;
-pub mod heartbeat;
+pub mod daemon;
 pub mod model;
-pub mod monitor;
 pub mod outbox;
-pub mod pipeline;
 pub mod probe;
-pub mod reconcile;
 pub mod record;
-pub mod sampler;
 pub mod sinks;
-pub mod status;
-pub mod status_cmd;
 pub mod telemetry;
 pub mod watchdog;

@@ -8,17 +8,21 @@ use axum::{
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, AppState};
-use crate::{model::health::Health, watchdog::worker::WorkerView};
+use crate::{
+    model::{health::Health, source::SourceKind},
+    watchdog::worker::WorkerView,
+};
 
-#[derive(Serialize)]
+/// The answer of `/health` (served by the API, read by `memwatch status`).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct HealthBody {
     pub status: Health,
     pub reasons: Vec<String>,
     /// Per-worker verdicts with their figures.
     pub workers: Vec<WorkerView>,
     /// `ebpf` or `poll`; null until a source runs.
-    pub source: Option<&'static str>,
-    pub attach: Option<&'static str>,
+    pub source: Option<SourceKind>,
+    pub attach: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,7 +52,7 @@ pub async fn health(
         }
     }
     let probe = state.probe().clone();
-    let verdict = crate::status::overall(&probe, &state.outbox.status(), &workers);
+    let verdict = crate::daemon::status::overall(&probe, &state.outbox.status(), &workers);
     let code = match verdict.status {
         Health::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
         Health::Healthy | Health::Degraded => StatusCode::OK,
@@ -57,8 +61,8 @@ pub async fn health(
         status: verdict.status,
         reasons: verdict.reasons,
         workers,
-        source: probe.source.map(|s| s.as_str()),
-        attach: probe.attach,
+        source: probe.source,
+        attach: probe.attach.map(str::to_string),
     };
     Ok((code, Json(body)))
 }

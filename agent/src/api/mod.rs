@@ -1,8 +1,8 @@
-//! The local HTTP API (contract in ../shared/DESIGN.md).
+//! The local HTTP API (the contract: docs/design.md).
 
 mod auth;
 mod events;
-mod health;
+pub mod health;
 mod metrics;
 mod status;
 pub mod tasks;
@@ -19,7 +19,11 @@ use axum::{
 };
 use prometheus::Registry;
 
-use crate::{monitor::Monitor, outbox::Outbox, status::StateFn, watchdog::self_health::ProbeState};
+use crate::{
+    daemon::{monitor::Monitor, status::StatusFn},
+    outbox::Outbox,
+    watchdog::self_health::ProbeState,
+};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -31,7 +35,7 @@ pub struct AppState {
     /// Required on mutating routes when set.
     pub api_token: Option<Arc<str>>,
     /// The full state for `/v1/status`.
-    pub status: StateFn,
+    pub status: StatusFn,
 }
 
 impl AppState {

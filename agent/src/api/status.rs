@@ -3,7 +3,8 @@
 use axum::{Json, extract::State};
 
 use super::AppState;
+use crate::daemon::status::AgentStatus;
 
-pub async fn status(State(state): State<AppState>) -> Json<serde_json::Value> {
+pub async fn status(State(state): State<AppState>) -> Json<AgentStatus> {
     Json((state.status)())
 }

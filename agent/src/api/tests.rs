@@ -6,10 +6,11 @@ use tower::ServiceExt as _;
 
 use super::*;
 use crate::{
+    daemon::sampler::fake::FakeReader,
     model::event::{EventBody, EventKind},
     model::source::SourceKind,
     model::spec::{MemorySource, Settings, WorkerSpec},
-    sampler::fake::FakeReader,
+    record::Recorder,
     telemetry::Metrics,
 };
 
@@ -40,13 +41,12 @@ fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
             version: crate::cgroup::CgroupVersion::V1,
         },
         Arc::new(reader),
-        outbox.clone(),
-        metrics,
+        Recorder::new(outbox.clone(), metrics),
     );
     let probe: Arc<Mutex<ProbeState>> = Arc::default();
     let monitor = Arc::new(monitor);
     AppState {
-        status: crate::status::agent_state(
+        status: crate::daemon::status::agent_status(
             "test-host".into(),
             probe.clone(),
             outbox.clone(),

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// Which source produces the event stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// eBPF programs in the kernel.

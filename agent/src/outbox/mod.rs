@@ -23,7 +23,7 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -64,7 +64,7 @@ impl Default for Limits {
 }
 
 /// A snapshot for `/health`, `/v1/status` and heartbeats.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct OutboxStatus {
     pub last_seq: u64,
     /// Events in the database.
@@ -72,12 +72,12 @@ pub struct OutboxStatus {
     /// Events held in memory because the state directory cannot be written.
     pub pending: u64,
     /// Why the last write failed, while writes fail.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persist_error: Option<String>,
     pub sinks: BTreeMap<String, SinkStatus>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SinkStatus {
     pub acked_seq: u64,
     /// Events this sink has not acknowledged yet.

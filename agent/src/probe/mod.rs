@@ -4,6 +4,7 @@
 //! pipeline, the watchdog, the tests' fakes) never touches the kernel.
 
 pub mod btf;
+pub mod counters;
 pub mod decode;
 pub mod ebpf;
 pub mod hooks;

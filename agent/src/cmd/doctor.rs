@@ -252,6 +252,24 @@ pub fn report(btf_path: &Path) -> Report {
     }
 }
 
+/// `memwatch doctor`: the table (or `--json`); exit 1 when no source is usable.
+pub fn run(args: &super::DoctorArgs) -> std::process::ExitCode {
+    let report = report(&args.btf_path);
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(json) => println!("{json}"),
+            Err(error) => eprintln!("memwatch: doctor: {error}"),
+        }
+    } else {
+        print!("{}", render(&report.rows));
+    }
+    if report.usable {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
 pub fn render(rows: &[Check]) -> String {
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);
     let mut out = String::new();

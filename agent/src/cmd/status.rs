@@ -2,38 +2,35 @@
 
 use std::fmt::Write as _;
 
+use super::{StatusArgs, client::AgentClient};
 use crate::{
-    cli::StatusArgs,
-    client::AgentClient,
+    api::health::HealthBody,
     watchdog::{
         task::TaskView,
         worker::{WorkerView, bytes},
     },
 };
 
-pub async fn status(args: &StatusArgs) -> anyhow::Result<()> {
+pub async fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let client = AgentClient::new(&args.agent)?;
-    let health: serde_json::Value = client.get("/health").await?;
-    let status: serde_json::Value = client.get("/v1/status").await?;
-    let workers: Vec<WorkerView> = serde_json::from_value(status["workers"].clone())?;
-    let tasks: Vec<TaskView> = serde_json::from_value(status["tasks"].clone())?;
-    print!("{}", render(&health, &workers, &tasks));
+    let health = client.health().await?;
+    let status = client.status().await?;
+    print!("{}", render(&health, &status.workers, &status.tasks));
     Ok(())
 }
 
-fn render(health: &serde_json::Value, workers: &[WorkerView], tasks: &[TaskView]) -> String {
+fn render(health: &HealthBody, workers: &[WorkerView], tasks: &[TaskView]) -> String {
     let mut out = String::new();
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    let status = format!("{:?}", health.status).to_lowercase();
     let _ = writeln!(
         out,
-        "{}: {} (source {}, {})",
-        text(&health["status"]).to_uppercase(),
-        text(&health["status"]),
-        text(&health["source"]),
-        text(&health["attach"]),
+        "{}: {status} (source {}, {})",
+        status.to_uppercase(),
+        health.source.map_or("?", |s| s.as_str()),
+        health.attach.as_deref().unwrap_or("?"),
     );
-    for reason in health["reasons"].as_array().into_iter().flatten() {
-        let _ = writeln!(out, "  - {}", text(reason));
+    for reason in &health.reasons {
+        let _ = writeln!(out, "  - {reason}");
     }
     let size = |v: Option<u64>| v.map_or("-".to_string(), bytes);
     let _ = writeln!(
@@ -78,14 +75,17 @@ fn render(health: &serde_json::Value, workers: &[WorkerView], tasks: &[TaskView]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::health::Health;
+    use crate::model::{health::Health, source::SourceKind};
 
     #[test]
     fn summary_names_status_reasons_workers_and_tasks() {
-        let health = serde_json::json!({
-            "status": "unhealthy", "source": "ebpf", "attach": "tp_btf",
-            "reasons": ["worker w1: residual memory 300.0 MiB ..."]
-        });
+        let health = HealthBody {
+            status: Health::Unhealthy,
+            reasons: vec!["worker w1: residual memory 300.0 MiB ...".into()],
+            workers: Vec::new(),
+            source: Some(SourceKind::Ebpf),
+            attach: Some("tp_btf".into()),
+        };
         let worker = WorkerView {
             name: "w1".into(),
             status: Health::Unhealthy,

@@ -7,12 +7,11 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
+    daemon::monitor::Monitor,
     model::event::{EventBody, EventKind, OomDetails},
-    monitor::Monitor,
-    outbox::Outbox,
     probe::{OomCount, OomVictim, ProbeEvent},
+    record::Recorder,
     sinks::dask::names::SchedulerNames,
-    telemetry::Metrics,
 };
 
 /// Bound of the queue between the ring-buffer reader and the pipeline.
@@ -23,8 +22,7 @@ const MAX_KILLS_PER_READING: u64 = 100;
 
 pub struct Pipeline {
     pub monitor: Arc<Monitor>,
-    pub outbox: Outbox,
-    pub metrics: Metrics,
+    pub recorder: Recorder,
     /// Scheduler names of processes (Dask addresses), for `oom_kill` events.
     pub names: SchedulerNames,
 }
@@ -50,8 +48,7 @@ impl Pipeline {
                 body.task_id = task_id;
                 body.worker = worker;
                 body.scheduler_worker = self.names.get(victim.pid);
-                self.metrics.count_event(&body);
-                let event = self.outbox.append(body, Some(victim.time));
+                let event = self.recorder.record(body, Some(victim.time));
                 // The task's end comes after the kill that ended it.
                 self.monitor.store(task_ended, tokio::time::Instant::now());
                 info!(
@@ -94,8 +91,7 @@ impl Pipeline {
                     String::new()
                 }
             ));
-            self.metrics.count_event(&body);
-            let event = self.outbox.append(body, Some(count.time));
+            let event = self.recorder.record(body, Some(count.time));
             self.monitor.store(task_ended, tokio::time::Instant::now());
             info!(seq = event.seq, cgroup = %count.cgroup.display(), "OOM kill (polled)");
         }
@@ -146,7 +142,11 @@ mod tests {
     use chrono::Utc;
 
     use super::*;
-    use crate::cgroup::{CgroupVersion, MemoryHierarchy};
+    use crate::{
+        cgroup::{CgroupVersion, MemoryHierarchy},
+        outbox::Outbox,
+        telemetry::Metrics,
+    };
 
     fn victim(memcg_id: Option<u64>) -> OomVictim {
         OomVictim {
@@ -165,7 +165,7 @@ mod tests {
 
     fn pipeline(root: &std::path::Path) -> Pipeline {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-        let outbox = Outbox::new("h", 10, metrics.clone());
+        let recorder = Recorder::new(Outbox::new("h", 10, metrics.clone()), metrics);
         let worker = crate::model::spec::WorkerSpec {
             name: "w1".into(),
             source: crate::model::spec::MemorySource::Cgroup(root.into()),
@@ -181,14 +181,12 @@ mod tests {
                 root: root.into(),
                 version: CgroupVersion::V1,
             },
-            Arc::new(crate::sampler::fake::FakeReader::default()),
-            outbox.clone(),
-            metrics.clone(),
+            Arc::new(crate::daemon::sampler::fake::FakeReader::default()),
+            recorder.clone(),
         );
         Pipeline {
             monitor: Arc::new(monitor),
-            outbox,
-            metrics,
+            recorder,
             names: SchedulerNames::default(),
         }
     }
@@ -201,7 +199,7 @@ mod tests {
         let id = fs::metadata(&cg).unwrap().ino();
         let (tx, rx) = mpsc::channel(4);
         let p = pipeline(root.path());
-        let (outbox, metrics) = (p.outbox.clone(), p.metrics.clone());
+        let (outbox, metrics) = (p.recorder.outbox().clone(), p.recorder.metrics().clone());
         tx.send(ProbeEvent::OomVictim(victim(Some(id))))
             .await
             .unwrap();
@@ -242,7 +240,7 @@ mod tests {
             .unwrap();
         let id = fs::metadata(&cg).unwrap().ino();
         p.handle(ProbeEvent::OomVictim(victim(Some(id))));
-        let events = p.outbox.read(0, 10);
+        let events = p.recorder.outbox().read(0, 10);
         let kinds: Vec<_> = events.iter().map(|e| e.body.kind).collect();
         assert_eq!(
             kinds,
@@ -256,7 +254,14 @@ mod tests {
         assert_eq!(events[1].body.worker.as_deref(), Some("w1"));
         assert_eq!(events[2].body.reason.as_deref(), Some("OOM-killed"));
         assert!(p.monitor.tasks().is_empty());
-        assert_eq!(p.metrics.task_oom_kills.with_label_values(&["w1"]).get(), 1);
+        assert_eq!(
+            p.recorder
+                .metrics()
+                .task_oom_kills
+                .with_label_values(&["w1"])
+                .get(),
+            1
+        );
     }
 
     #[test]
@@ -265,7 +270,7 @@ mod tests {
         let mut p = pipeline(root.path());
         p.handle(ProbeEvent::OomVictim(victim(Some(u64::MAX))));
         p.handle(ProbeEvent::OomVictim(victim(None)));
-        let events = p.outbox.read(0, 10);
+        let events = p.recorder.outbox().read(0, 10);
         assert_eq!(events[0].body.cgroup, None);
         assert!(
             events[0]

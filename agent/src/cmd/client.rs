@@ -1,20 +1,18 @@
-//! Talking to the local agent over HTTP: `memwatch events`, `status`, and
-//! the registration calls of `memwatch exec`.
+//! The typed client of the local agent's HTTP API: what `memwatch events`,
+//! `status` and `exec` ask, in the API's own response types.
 
-use std::{io::Write as _, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
+use super::AgentArgs;
 use crate::{
-    api::tasks::TaskAnswer,
-    cli::{AgentArgs, EventsArgs},
+    api::{health::HealthBody, tasks::TaskAnswer},
+    daemon::status::AgentStatus,
     model::event::Event,
 };
-
-/// Pause between polls with `--follow` when nothing new came.
-const FOLLOW_INTERVAL: Duration = Duration::from_millis(250);
 /// Bound on one request to the agent.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -73,8 +71,24 @@ impl AgentClient {
         })
     }
 
+    /// `GET /health` (its 503 is an answer too).
+    pub async fn health(&self) -> anyhow::Result<HealthBody> {
+        self.get("/health").await
+    }
+
+    /// `GET /v1/status`.
+    pub async fn status(&self) -> anyhow::Result<AgentStatus> {
+        self.get("/v1/status").await
+    }
+
+    /// `GET /v1/events`: up to `limit` events after seq `after`.
+    pub async fn events(&self, after: u64, limit: u64) -> anyhow::Result<Vec<Event>> {
+        self.get(&format!("/v1/events?after={after}&limit={limit}"))
+            .await
+    }
+
     /// GET a JSON document; any non-2xx is an error naming the answer.
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         let response = self.send(self.request(reqwest::Method::GET, path)).await?;
         let status = response.status();
         if !status.is_success() && status != StatusCode::SERVICE_UNAVAILABLE {
@@ -138,29 +152,6 @@ fn urlencode(segment: &str) -> String {
             other => format!("%{other:02X}"),
         })
         .collect()
-}
-
-pub async fn events(args: &EventsArgs) -> anyhow::Result<()> {
-    let client = AgentClient::new(&args.agent)?;
-    let mut after = args.after;
-    let mut stdout = std::io::stdout().lock();
-    loop {
-        let page: Vec<Event> = client
-            .get(&format!("/v1/events?after={after}&limit={}", args.limit))
-            .await?;
-        for event in &page {
-            serde_json::to_writer(&mut stdout, event)?;
-            stdout.write_all(b"\n")?;
-            after = event.seq;
-        }
-        stdout.flush()?;
-        let full_page = page.len() as u64 == args.limit;
-        match (full_page, args.follow) {
-            (true, _) => continue,
-            (false, true) => tokio::time::sleep(FOLLOW_INTERVAL).await,
-            (false, false) => return Ok(()),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! OOM kills that happened while the agent was not running.
+//! OOM kills that happened while the agent was not running, and the
+//! bookkeeping of the counters that find them ([`OomBook`]).
 //!
 //! The kernel counts OOM kills per memory cgroup (v1 `memory.oom_control`,
 //! v2 `memory.events.local` or `memory.events`: the line `oom_kill N`).
@@ -20,13 +21,90 @@ use std::{
     path::PathBuf,
 };
 
+use anyhow::Context as _;
+use tracing::warn;
+
 use crate::{
     cgroup::{
         MemoryHierarchy,
         oom::{grown, oom_kills, read_oom_counts},
     },
     model::event::{EventBody, EventKind},
+    outbox::Outbox,
+    record::Recorder,
 };
+
+/// The OOM counters the agent keeps and saves: reported at start, read
+/// again where kills were seen, walked in full now and then.
+pub struct OomBook {
+    counters: OomCounters,
+    /// The last save failed: save at the next chance even without a change.
+    unsaved: bool,
+}
+
+/// Which OOM counters to read before saving.
+pub enum OomScan {
+    /// Those of the cgroups where kills were seen.
+    Cgroups(BTreeSet<PathBuf>),
+    /// Every memory cgroup's.
+    Full,
+}
+
+impl OomBook {
+    /// Reports the OOM kills the kernel counted while the agent was down
+    /// (as `oom_kill` events with a `recovered` reason), then saves the
+    /// counters.
+    pub async fn open(hierarchy: &MemoryHierarchy, recorder: &Recorder) -> anyhow::Result<Self> {
+        let h = hierarchy.clone();
+        let counts = tokio::task::spawn_blocking(move || read_oom_counts(&h))
+            .await
+            .context("reading OOM counters")?;
+        let outbox = recorder.outbox();
+        let saved = outbox.saved_oom_counts();
+        for body in recovered_kills(saved.as_ref(), &counts) {
+            let event = recorder.record(body, None);
+            warn!(
+                seq = event.seq,
+                cgroup = event.body.cgroup.as_deref().unwrap_or("?"),
+                reason = event.body.reason.as_deref().unwrap_or(""),
+                "OOM kill while the agent was not running"
+            );
+        }
+        let counters = OomCounters::new(hierarchy.clone(), counts);
+        let saved = outbox.save_oom_counts(counters.counts());
+        Ok(Self {
+            counters,
+            unsaved: !saved,
+        })
+    }
+
+    /// True when a save is owed even without new kills.
+    pub fn unsaved(&self) -> bool {
+        self.unsaved
+    }
+
+    /// Reads the OOM counters `scan` names and saves them when they changed
+    /// (or an earlier save failed).
+    pub async fn save(&mut self, outbox: &Outbox, scan: OomScan) {
+        let mut copy = self.counters.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let changed = match &scan {
+                OomScan::Cgroups(cgroups) => copy.refresh(cgroups),
+                OomScan::Full => copy.rescan(),
+            };
+            (copy, changed)
+        })
+        .await;
+        let Ok((copy, changed)) = read else {
+            return;
+        };
+        self.counters = copy;
+        self.unsaved |= changed;
+        if self.unsaved && outbox.save_oom_counts(self.counters.counts()) {
+            self.unsaved = false;
+        }
+    }
+}
 
 /// The agent's copy of the kernel's OOM-kill counters, the one it saves:
 /// non-zero counters only, by cgroup path.

@@ -1,53 +1,67 @@
-//! The agent's state as one JSON value: served on `GET /v1/status` and
-//! carried by every `heartbeat` event, so a scheduler that missed events
-//! can reconcile from either.
-//!
-//! The agent wires a [`StateFn`]; parts of the agent that grow (workers,
-//! tasks) add their figures to it without the API or heartbeats changing.
+//! The agent's state: served on `GET /v1/status` and carried by every
+//! `heartbeat` event (as JSON), so a scheduler that missed events can
+//! reconcile from either. [`AgentStatus`] is the one type the API serves
+//! and `memwatch status` reads.
 
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::{
-    model::health::Verdict,
-    monitor::Monitor,
+    daemon::monitor::Monitor,
+    model::{health::Verdict, source::SourceKind},
     outbox::{Outbox, OutboxStatus},
     watchdog::{
         self_health::{self, ProbeState},
+        task::TaskView,
         worker::WorkerView,
     },
 };
 
-/// Produces the state JSON. Cheap enough to call on each request.
-pub type StateFn = Arc<dyn Fn() -> Value + Send + Sync>;
-
 /// Everything the agent knows: version, event source, its overall verdict,
 /// every worker and running task with memory and caps, recently finished
 /// tasks, and the outbox with its per-sink backlog.
-pub fn agent_state(
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub version: String,
+    pub host: String,
+    /// `ebpf` or `poll`; null until a source runs.
+    pub source: Option<SourceKind>,
+    /// How the source is attached (`tp_btf`, `cgroup files`, …).
+    pub attach: Option<String>,
+    pub health: Verdict,
+    pub workers: Vec<WorkerView>,
+    pub tasks: Vec<TaskView>,
+    pub finished_tasks: Vec<TaskView>,
+    pub outbox: OutboxStatus,
+}
+
+/// Produces the status. Cheap enough to call on each request.
+pub type StatusFn = Arc<dyn Fn() -> AgentStatus + Send + Sync>;
+
+pub fn agent_status(
     host: String,
     probe: Arc<Mutex<ProbeState>>,
     outbox: Outbox,
     monitor: Arc<Monitor>,
-) -> StateFn {
+) -> StatusFn {
     Arc::new(move || {
         let probe = probe.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let outbox_status = outbox.status();
         let workers = monitor.workers();
         let health = overall(&probe, &outbox_status, &workers);
-        json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "host": host,
-            "source": probe.source.map(|s| s.as_str()),
-            "attach": probe.attach,
-            "health": health,
-            "workers": workers,
-            "tasks": monitor.tasks(),
-            "finished_tasks": monitor.finished_tasks(),
-            "outbox": outbox_status,
-        })
+        AgentStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            host: host.clone(),
+            source: probe.source,
+            attach: probe.attach.map(str::to_string),
+            health,
+            workers,
+            tasks: monitor.tasks(),
+            finished_tasks: monitor.finished_tasks(),
+            outbox: outbox_status,
+        }
     })
 }
 

@@ -7,17 +7,17 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use crate::{
+    daemon::status::StatusFn,
     model::event::{EventBody, EventKind},
-    outbox::Outbox,
-    status::StateFn,
+    record::Recorder,
 };
 
 /// Appends a heartbeat every `interval` (the first one after one interval)
 /// until `shutdown` turns true.
 pub async fn run(
-    outbox: Outbox,
+    recorder: Recorder,
     interval: Duration,
-    state: StateFn,
+    status: StatusFn,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
@@ -28,8 +28,14 @@ pub async fn run(
             _ = shutdown.changed() => return,
         }
         let mut body = EventBody::new(EventKind::Heartbeat);
-        body.state = Some(state());
-        let event = outbox.append(body, None);
+        body.state = match serde_json::to_value(status()) {
+            Ok(state) => Some(state),
+            Err(error) => {
+                tracing::warn!(%error, "heartbeat without its state");
+                None
+            }
+        };
+        let event = recorder.record(body, None);
         debug!(seq = event.seq, "heartbeat");
     }
 }
@@ -39,15 +45,31 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::telemetry::Metrics;
+    use crate::{
+        daemon::status::AgentStatus,
+        model::{health::Verdict, source::SourceKind},
+        outbox::{Outbox, OutboxStatus},
+        telemetry::Metrics,
+    };
 
     #[tokio::test(start_paused = true)]
     async fn a_heartbeat_every_interval_carries_the_state() {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-        let outbox = Outbox::new("h", 100, metrics);
-        let state: StateFn = Arc::new(|| serde_json::json!({"workers": [], "source": "ebpf"}));
+        let outbox = Outbox::new("h", 100, metrics.clone());
+        let status: StatusFn = Arc::new(|| AgentStatus {
+            version: "0.1.0".into(),
+            host: "h".into(),
+            source: Some(SourceKind::Ebpf),
+            attach: Some("tp_btf".into()),
+            health: Verdict::healthy(),
+            workers: Vec::new(),
+            tasks: Vec::new(),
+            finished_tasks: Vec::new(),
+            outbox: OutboxStatus::default(),
+        });
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(outbox.clone(), Duration::from_secs(30), state, stopped));
+        let recorder = Recorder::new(outbox.clone(), metrics);
+        let task = tokio::spawn(run(recorder, Duration::from_secs(30), status, stopped));
         tokio::time::sleep(Duration::from_secs(29)).await;
         assert!(
             outbox.read(0, 10).is_empty(),
@@ -57,10 +79,9 @@ mod tests {
         let events = outbox.read(0, 10);
         assert_eq!(events.len(), 3);
         assert!(events.iter().all(|e| e.body.kind == EventKind::Heartbeat));
-        assert_eq!(
-            events[0].body.state,
-            Some(serde_json::json!({"workers": [], "source": "ebpf"}))
-        );
+        let state = events[0].body.state.as_ref().unwrap();
+        assert_eq!(state["workers"], serde_json::json!([]));
+        assert_eq!(state["health"]["status"], "healthy");
         let json = serde_json::to_value(&events[0]).unwrap();
         assert_eq!(json["state"]["source"], "ebpf");
         stop.send(true).unwrap();

@@ -1,10 +1,18 @@
-//! Command-line interface (the contract in ../shared/DESIGN.md).
+//! The command line (the contract: docs/design.md): the arguments of every
+//! command, and [`dispatch`] to the command's own module.
 
-use std::{net::SocketAddr, path::PathBuf};
+pub mod client;
+pub mod doctor;
+pub mod events;
+pub mod exec;
+pub mod run;
+pub mod status;
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::Overrides;
+use crate::config::{Config, Overrides};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -188,5 +196,42 @@ mod tests {
     fn bad_listen_address_is_rejected_with_the_flag_named() {
         let err = Cli::try_parse_from(["memwatch", "run", "--listen", "nowhere"]).unwrap_err();
         assert!(err.to_string().contains("--listen"), "{err}");
+    }
+}
+
+/// Exit status for configuration errors (clap uses 2 for bad flags too).
+const EXIT_CONFIG: u8 = 2;
+
+/// Runs the command `cli` names; its exit status.
+pub async fn dispatch(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Run(args) => {
+            let config = match Config::load(args.config.as_deref(), &args.overrides()) {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("memwatch: {error}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            crate::telemetry::init_logging(&config.log_level);
+            report(run::run(config).await)
+        }
+        Command::Events(args) => report(events::run(&args).await),
+        Command::Status(args) => report(status::run(&args).await),
+        Command::Doctor(args) => doctor::run(&args),
+        Command::Exec(args) => {
+            crate::telemetry::init_logging("warn");
+            ExitCode::from(exec::exec(&args).await)
+        }
+    }
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("memwatch: {error:#}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -16,15 +16,14 @@ use tracing::{info, warn};
 
 use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
+    daemon::sampler::{self, MemoryReader},
     model::{
         event::EventBody,
         health::Health,
         spec::{MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
     },
-    outbox::Outbox,
     probe::{CgroupChange, GrowthLine, KernelWatch, Line},
-    sampler::{self, MemoryReader},
-    telemetry::Metrics,
+    record::Recorder,
     watchdog::{
         policy::{Admission, Registration, Sample, Watchdog, WatchdogError},
         task::TaskView,
@@ -35,8 +34,7 @@ use crate::{
 pub struct Monitor {
     watchdog: Mutex<Watchdog>,
     reader: Arc<dyn MemoryReader>,
-    outbox: Outbox,
-    metrics: Metrics,
+    recorder: Recorder,
     rules: Vec<Rule>,
     /// Cgroup-rule tasks seen, by task id: their directory.
     rule_tasks: Mutex<HashMap<String, PathBuf>>,
@@ -64,8 +62,7 @@ impl Monitor {
         rules: Vec<Rule>,
         hierarchy: MemoryHierarchy,
         reader: Arc<dyn MemoryReader>,
-        outbox: Outbox,
-        metrics: Metrics,
+        recorder: Recorder,
     ) -> Self {
         for worker in &mut workers {
             if worker.soft_cap.is_none()
@@ -78,8 +75,7 @@ impl Monitor {
         let monitor = Self {
             watchdog: Mutex::new(Watchdog::new(workers, settings)),
             reader,
-            outbox,
-            metrics,
+            recorder,
             rules,
             rule_tasks: Mutex::default(),
             resolver: Mutex::new(CgroupResolver::new(hierarchy)),
@@ -167,7 +163,8 @@ impl Monitor {
     /// wakes the sampling loop, so the checks run within milliseconds
     /// instead of at the next `sample_interval`.
     pub fn growth_line(&self, line: &GrowthLine) {
-        self.metrics
+        self.recorder
+            .metrics()
             .growth_lines
             .with_label_values(&[line.line.as_str()])
             .inc();
@@ -289,15 +286,13 @@ impl Monitor {
         std::mem::take(&mut *self.oom_cgroups.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Appends events the watchdog decided at `decided` to the outbox, stamped
-    /// with that instant's wall time (not the time they reach the outbox:
-    /// intervals between events are the ones the policy measured), and
-    /// counts them.
+    /// Records events the watchdog decided at `decided`, stamped with that
+    /// instant's wall time (not the time they reach the outbox: intervals
+    /// between events are the ones the policy measured).
     pub fn store(&self, events: impl IntoIterator<Item = EventBody>, decided: Instant) {
         let time = crate::model::time::wall_time(decided);
         for body in events {
-            self.metrics.count_event(&body);
-            self.outbox.append(body, Some(time));
+            self.recorder.record(body, Some(time));
         }
     }
 
@@ -418,16 +413,20 @@ impl Monitor {
                         .set(i64::try_from(v).unwrap_or(i64::MAX));
                 }
             };
-            set(&self.metrics.worker_memory, w.memory_bytes);
-            set(&self.metrics.worker_residual, w.residual_bytes);
-            set(&self.metrics.worker_soft_cap, w.soft_cap_bytes);
-            set(&self.metrics.tasks_running, Some(w.running_tasks as u64));
+            set(&self.recorder.metrics().worker_memory, w.memory_bytes);
+            set(&self.recorder.metrics().worker_residual, w.residual_bytes);
+            set(&self.recorder.metrics().worker_soft_cap, w.soft_cap_bytes);
+            set(
+                &self.recorder.metrics().tasks_running,
+                Some(w.running_tasks as u64),
+            );
             for (state, health) in [
                 ("healthy", Health::Healthy),
                 ("degraded", Health::Degraded),
                 ("unhealthy", Health::Unhealthy),
             ] {
-                self.metrics
+                self.recorder
+                    .metrics()
                     .worker_health
                     .with_label_values(&[name, state])
                     .set(i64::from(w.status == health));
@@ -441,7 +440,10 @@ mod tests {
     use std::{fs, time::Duration};
 
     use super::*;
-    use crate::{cgroup::CgroupVersion, model::event::EventKind, sampler::fake::FakeReader};
+    use crate::{
+        cgroup::CgroupVersion, daemon::sampler::fake::FakeReader, model::event::EventKind,
+        outbox::Outbox, telemetry::Metrics,
+    };
 
     const MIB: u64 = 1 << 20;
 
@@ -465,8 +467,7 @@ mod tests {
             rules,
             hierarchy,
             Arc::new(reader),
-            outbox.clone(),
-            metrics,
+            Recorder::new(outbox.clone(), metrics),
         );
         (m, outbox)
     }

@@ -14,8 +14,8 @@ use tracing::warn;
 
 use crate::{
     cgroup::{MemoryHierarchy, OwnedCgroup},
-    cli::ExecArgs,
-    client::{AgentClient, Registered},
+    cmd::ExecArgs,
+    cmd::client::{AgentClient, Registered},
 };
 
 /// The agent rejected the task: its worker is unhealthy (EX_TEMPFAIL: try
@@ -148,14 +148,13 @@ fn exit_code(status: ExitStatus) -> u8 {
 /// The worker's cgroup when it has one (tasks must be inside it for the
 /// residual memory to add up), else `<memory root>/memwatch`.
 async fn task_parent(client: &AgentClient, worker: Option<&str>) -> anyhow::Result<PathBuf> {
-    let status: serde_json::Value = client.get("/v1/status").await?;
-    let workers = status["workers"].as_array().cloned().unwrap_or_default();
+    let workers = client.status().await?.workers;
     let chosen = match worker {
-        Some(name) => workers.iter().find(|w| w["name"] == name),
+        Some(name) => workers.iter().find(|w| w.name == name),
         None if workers.len() == 1 => workers.first(),
         None => None,
     };
-    if let Some(cgroup) = chosen.and_then(|w| w["cgroup"].as_str()) {
+    if let Some(cgroup) = chosen.and_then(|w| w.cgroup.as_deref()) {
         return Ok(PathBuf::from(cgroup));
     }
     let hierarchy = MemoryHierarchy::discover()?;

@@ -1,0 +1,358 @@
+//! The agent at run time. [`Daemon::start`] opens the state directory and
+//! starts the watchdog (the monitor), the sinks and the heartbeats;
+//! [`Daemon::run`] attaches the event source and does the periodic work
+//! until a signal; [`Daemon::shutdown`] detaches, drains and saves, in that
+//! order. `cmd::run` serves the HTTP API beside it.
+
+pub mod heartbeat;
+pub mod monitor;
+pub mod pipeline;
+pub mod reconcile;
+pub mod sampler;
+mod source;
+pub mod status;
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use prometheus::Registry;
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::Instant,
+};
+use tracing::{info, warn};
+
+use self::{
+    monitor::Monitor,
+    pipeline::{PROBE_QUEUE, Pipeline},
+    reconcile::{OomBook, OomScan},
+    sampler::SystemReader,
+    source::Source,
+    status::StatusFn,
+};
+use crate::{
+    cgroup::MemoryHierarchy,
+    config::{Config, SourceChoice},
+    model::{
+        event::{EventBody, EventKind},
+        spec::WorkerSpec,
+    },
+    outbox::{self, Outbox},
+    probe::{counters::CounterPublisher, ebpf::ProbeError, privilege},
+    record::Recorder,
+    sinks::{self, SinkContext, dask::names::SchedulerNames},
+    telemetry::Metrics,
+    watchdog::self_health::ProbeState,
+};
+
+/// How often the kernel-side counters are read into metrics and health,
+/// and events held in memory are retried to disk.
+const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the OOM counters of cgroups with a live kill are read again and
+/// saved (for reconcile.rs): a kill seen live less than this long before a
+/// crash may be reported again.
+const OOM_COUNTS_INTERVAL: Duration = Duration::from_secs(5);
+/// How often every memory cgroup's OOM counter is read (a walk of the whole
+/// hierarchy, costly with thousands of cgroups): picks up kills no live
+/// event named and forgets removed cgroups. Also done at start and at exit.
+const OOM_RESCAN_INTERVAL: Duration = Duration::from_secs(300);
+/// How often expired events are removed from the outbox.
+const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+/// How long the pipeline and each sink may take to stop at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+pub struct Daemon {
+    config: Config,
+    registry: Registry,
+    metrics: Metrics,
+    recorder: Recorder,
+    hierarchy: MemoryHierarchy,
+    monitor: Arc<Monitor>,
+    probe_state: Arc<Mutex<ProbeState>>,
+    names: SchedulerNames,
+    status: StatusFn,
+    /// Turns true at shutdown: sinks and heartbeats stop.
+    stop_tasks: watch::Sender<bool>,
+    /// Sinks and heartbeats.
+    tasks: Vec<JoinHandle<()>>,
+    /// The event source, once attached.
+    source: Option<Source>,
+    /// The OOM counters, once reconciled at attach.
+    oom: Option<OomBook>,
+}
+
+impl Daemon {
+    /// Everything but the kernel side: validates privileges, opens the
+    /// state directory, finds the memory hierarchy, starts the monitor and
+    /// the sinks. Fails with the key or capability to fix.
+    pub async fn start(config: Config) -> anyhow::Result<Self> {
+        // Before anything is created on disk: a run that cannot attach must
+        // say why, not fail on a state directory it may not write either.
+        let missing = privilege::missing_for_tracing();
+        if config.source == SourceChoice::Ebpf && !missing.is_empty() {
+            return Err(ProbeError::Privilege {
+                missing: privilege::names(&missing),
+            }
+            .into());
+        }
+        let registry = Registry::new();
+        let metrics = Metrics::new(&registry).context("registering metrics")?;
+        let outbox = open_outbox(&config, &metrics)?;
+        let recorder = Recorder::new(outbox.clone(), metrics.clone());
+        let hierarchy = MemoryHierarchy::discover()?;
+        info!(root = %hierarchy.root.display(), version = %hierarchy.version, "memory cgroup hierarchy");
+
+        let mut rules = config.rules.clone();
+        if let Some(worker) = config.kubernetes.pod_worker(&config.workers)? {
+            info!(%worker, "kubelet pods are tasks");
+            rules.extend(crate::model::pod::pod_rules(&hierarchy.root, &worker));
+        }
+        let monitor = Arc::new(Monitor::new(
+            config.workers.clone(),
+            config.watchdog.clone(),
+            rules,
+            hierarchy.clone(),
+            Arc::new(SystemReader),
+            recorder.clone(),
+        ));
+        let probe_state = Arc::new(Mutex::new(ProbeState::default()));
+        let status = status::agent_status(
+            config.node_name.clone(),
+            probe_state.clone(),
+            outbox.clone(),
+            monitor.clone(),
+        );
+        let (stop_tasks, tasks_stopped) = watch::channel(false);
+        let names = SchedulerNames::default();
+        let sink_context = SinkContext {
+            outbox,
+            recorder: recorder.clone(),
+            metrics: metrics.clone(),
+            stop: tasks_stopped,
+            node_name: config.node_name.clone(),
+            state_dir: config.state_dir.clone(),
+            workers: all_workers(&config),
+            names: names.clone(),
+        };
+        let tasks = sinks::start_all(&config.sinks, &sink_context)?;
+        Ok(Self {
+            config,
+            registry,
+            metrics,
+            recorder,
+            hierarchy,
+            monitor,
+            probe_state,
+            names,
+            status,
+            stop_tasks,
+            tasks,
+            source: None,
+            oom: None,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn outbox(&self) -> &Outbox {
+        self.recorder.outbox()
+    }
+
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    pub fn monitor(&self) -> &Arc<Monitor> {
+        &self.monitor
+    }
+
+    pub fn probe_state(&self) -> &Arc<Mutex<ProbeState>> {
+        &self.probe_state
+    }
+
+    pub fn status(&self) -> &StatusFn {
+        &self.status
+    }
+
+    fn probe(&self) -> MutexGuard<'_, ProbeState> {
+        self.probe_state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attaches the event source, reports what was missed while the agent
+    /// was down, then does the periodic work until `stop` resolves.
+    pub async fn run(&mut self, stop: impl Future<Output = &'static str>) -> anyhow::Result<()> {
+        self.attach().await?;
+        let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
+        let mut oom_ticker = tokio::time::interval(OOM_COUNTS_INTERVAL);
+        let mut oom_rescan =
+            tokio::time::interval_at(Instant::now() + OOM_RESCAN_INTERVAL, OOM_RESCAN_INTERVAL);
+        let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
+        let mut counters = CounterPublisher::new(self.config.bpf_stats);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                name = &mut stop => {
+                    info!(signal = name, "shutting down");
+                    return Ok(());
+                }
+                _ = ticker.tick() => {
+                    let probe = self.source.as_ref().and_then(Source::probe);
+                    let lost = counters.publish(probe, &self.metrics);
+                    self.probe().observe_ringbuf_drops(lost, Instant::now());
+                    self.outbox().maintain();
+                }
+                _ = expiry.tick() => self.outbox().prune_expired(chrono::Utc::now()),
+                _ = oom_ticker.tick() => {
+                    let killed = self.monitor.take_oom_cgroups();
+                    if let Some(oom) = &mut self.oom
+                        && (!killed.is_empty() || oom.unsaved())
+                    {
+                        oom.save(self.recorder.outbox(), OomScan::Cgroups(killed)).await;
+                    }
+                }
+                _ = oom_rescan.tick() => {
+                    if let Some(oom) = &mut self.oom {
+                        oom.save(self.recorder.outbox(), OomScan::Full).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts the event source (see source.rs), says so in `/health`, the
+    /// metrics and an `agent_started` event, reconciles the OOM counters,
+    /// and starts the pipeline, the heartbeats and the sampling loop.
+    async fn attach(&mut self) -> anyhow::Result<()> {
+        let (tx, rx) = mpsc::channel(PROBE_QUEUE);
+        let mut source = Source::start(&self.config, &self.hierarchy, tx).await?;
+        let (kind, attach) = source.describe();
+        {
+            let mut state = self.probe();
+            state.source = Some(kind);
+            state.attach = Some(attach);
+            state.ebpf_unavailable = source.ebpf_unavailable.clone();
+            state.growth_unavailable = source.growth_unavailable();
+        }
+        self.metrics.probe_ready.set(1);
+        self.metrics
+            .probe_source
+            .with_label_values(&[kind.as_str()])
+            .set(1);
+
+        let mut started = EventBody::new(EventKind::AgentStarted);
+        started.reason = Some(format!(
+            "memwatch {} started; source {kind} ({attach})",
+            env!("CARGO_PKG_VERSION")
+        ));
+        self.recorder.record(started, None);
+        // After the probe is attached: a kill in between is reported twice
+        // (live and recovered) rather than not at all.
+        self.oom = Some(OomBook::open(&self.hierarchy, &self.recorder).await?);
+        self.tasks.push(tokio::spawn(heartbeat::run(
+            self.recorder.clone(),
+            self.config.heartbeat_interval,
+            self.status.clone(),
+            self.stop_tasks.subscribe(),
+        )));
+        let pipeline = Pipeline {
+            monitor: self.monitor.clone(),
+            recorder: self.recorder.clone(),
+            names: self.names.clone(),
+        };
+        source.pipeline = Some(tokio::spawn(pipeline.run(rx)));
+        if let Some(watch) = source.probe().and_then(|p| p.kernel_watch()) {
+            self.monitor.attach_kernel_watch(watch);
+        }
+        source.sampling = Some(tokio::spawn(sample_forever(
+            self.monitor.clone(),
+            self.config.sample_interval,
+        )));
+        self.source = Some(source);
+        Ok(())
+    }
+
+    /// Detaches first so nothing new arrives, drains what is queued, stops
+    /// the sinks between attempts (what they had not delivered is sent at
+    /// the next start: their cursors are in the state directory), and saves
+    /// the OOM counters and any event held in memory.
+    pub async fn shutdown(mut self) {
+        if let Some(source) = self.source.take() {
+            source.stop().await;
+        }
+        let _ = self.stop_tasks.send(true);
+        for task in self.tasks {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
+        }
+        let outbox = self.recorder.outbox();
+        if let Some(oom) = &mut self.oom {
+            oom.save(outbox, OomScan::Full).await;
+        }
+        if !outbox.maintain() {
+            warn!(
+                pending = outbox.status().pending,
+                "events held in memory are lost: the state directory is still not writable"
+            );
+        }
+    }
+}
+
+fn open_outbox(config: &Config, metrics: &Metrics) -> anyhow::Result<Outbox> {
+    let limits = outbox::Limits {
+        max_events: config.outbox_capacity as u64,
+        max_age: config.outbox_max_age,
+        ..outbox::Limits::default()
+    };
+    let outbox = Outbox::open(
+        &config.state_dir,
+        config.node_name.clone(),
+        limits,
+        metrics.clone(),
+    )
+    .with_context(|| {
+        format!(
+            "state directory {} is unusable (--state-dir / `state_dir`)",
+            config.state_dir.display()
+        )
+    })?;
+    info!(state_dir = %config.state_dir.display(), last_seq = outbox.status().last_seq, "outbox open");
+    Ok(outbox)
+}
+
+/// Every worker: with no `[[worker]]`, the whole host is the one worker.
+fn all_workers(config: &Config) -> Arc<[WorkerSpec]> {
+    if config.workers.is_empty() {
+        vec![WorkerSpec::host()].into()
+    } else {
+        config.workers.clone().into()
+    }
+}
+
+/// Reads worker and task memory every `interval` and runs the checks. The
+/// file reads block, so each round runs on the blocking pool; a slow round
+/// delays the next instead of piling up.
+async fn sample_forever(monitor: Arc<Monitor>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let now = monitor.sample_now();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            // A cap crossed in the kernel: look now.
+            _ = now.notified() => {}
+        }
+        let monitor = monitor.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || monitor.tick()).await {
+            warn!(%error, "sampling round failed");
+        }
+    }
+}
