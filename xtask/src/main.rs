@@ -9,16 +9,11 @@
 //!   (pure cgroup v2) and on this host; writes docs/kernels.md.
 
 mod bench;
-mod bench_delay;
-mod bench_idle;
-mod bench_storm;
 mod kernels_doc;
 mod setup;
 mod shell;
 mod test;
 mod vm;
-mod vm_initramfs;
-mod vm_kernel;
 
 use std::time::Duration;
 

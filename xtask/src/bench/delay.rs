@@ -23,7 +23,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::bench::{Agent, release_bins};
+use super::{Agent, release_bins};
 
 /// Events of each kind measured.
 const EVENTS: usize = 100;

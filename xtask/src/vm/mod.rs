@@ -15,11 +15,13 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{
-    kernels_doc, shell,
-    vm_initramfs::{self, BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END},
-    vm_kernel::{self, Registry},
-};
+use crate::{kernels_doc, shell};
+
+mod initramfs;
+mod kernel;
+
+use initramfs::{BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END};
+use kernel::Registry;
 
 /// The kernel test binaries of the memwatch-tests crate.
 const KERNEL_TESTS: [&str; 3] = ["kernel_doctor", "kernel_oom", "kernel_watchdog"];
@@ -74,7 +76,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     ensure_tools()?;
 
     let kernels: Vec<String> = if options.kernels.is_empty() {
-        vm_kernel::DEFAULT_MATRIX.map(String::from).to_vec()
+        kernel::DEFAULT_MATRIX.map(String::from).to_vec()
     } else {
         options.kernels.clone()
     };
@@ -85,14 +87,14 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let needs_vm = kernels.iter().any(|k| k != "host");
     let accel = Accel::detect();
     let (registry, initramfs) = if needs_vm {
-        let contents = vm_initramfs::Contents {
+        let contents = initramfs::Contents {
             binaries: &binaries,
             tests: &tests,
             workdir: &workdir,
             memwatch: &memwatch,
             time_scale: accel.time_scale(),
         };
-        let cpio = vm_initramfs::build(&vm_dir, &contents)?;
+        let cpio = initramfs::build(&vm_dir, &contents)?;
         eprintln!(
             "xtask: vm-test: initramfs {} ({} MiB)",
             cpio.display(),
@@ -286,7 +288,7 @@ impl Accel {
 /// the exit line, the VM's end, or `timeout`.
 fn boot(
     spec: &str,
-    kernel: &vm_kernel::Kernel,
+    kernel: &kernel::Kernel,
     initramfs: &Path,
     accel: Accel,
     timeout: Duration,
@@ -419,7 +421,7 @@ fn on_host(tests: &[PathBuf], workdir: &Path, memwatch: &Path) -> Outcome {
     let started = Instant::now();
     let mut rc = 0;
     for test in tests {
-        let name = vm_initramfs::test_name(test);
+        let name = initramfs::test_name(test);
         eprintln!("xtask: vm-test: host: {name}");
         let out = Command::new(test)
             .arg("--show-output")

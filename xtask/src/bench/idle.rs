@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use crate::bench::{Agent, release_bins};
+use super::{Agent, release_bins};
 
 const COUNTS: [usize; 3] = [100, 1_000, 10_000];
 /// Time left to the agent after start (its first walk of the hierarchy).

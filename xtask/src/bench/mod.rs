@@ -13,15 +13,19 @@ use anyhow::{Context as _, bail};
 
 use crate::shell;
 
+mod delay;
+mod idle;
+mod storm;
+
 /// Rounds per configuration.
 const ROUNDS: usize = 5;
 
 pub fn run(which: Option<&str>) -> anyhow::Result<()> {
     match which {
         None | Some("overhead") => overhead(),
-        Some("delay") => crate::bench_delay::delay(),
-        Some("idle") => crate::bench_idle::idle(),
-        Some("storm") => crate::bench_storm::storm(),
+        Some("delay") => delay::delay(),
+        Some("idle") => idle::idle(),
+        Some("storm") => storm::storm(),
         Some(other) => bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm)"),
     }
 }

@@ -25,10 +25,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{
-    bench::{Agent, release_bins},
-    bench_delay::{ms, oom_control_kills, quantile, receiver},
-    bench_idle::{clock_ticks, cpu_ticks, status_kib},
+use super::{
+    Agent,
+    delay::{ms, oom_control_kills, quantile, receiver},
+    idle::{clock_ticks, cpu_ticks, status_kib},
+    release_bins,
 };
 
 /// How long the storm lasts.
