@@ -18,6 +18,7 @@ mod vm;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use memwatch_test_support::env::in_ci;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -104,7 +105,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test { vm, no_lint, args } => {
             setup::ensure()?;
             test::run(!no_lint, &args)?;
-            if vm || ci() {
+            if vm || in_ci() {
                 vm::run(&vm::Options {
                     kernels: Vec::new(),
                     timeout: Duration::from_secs(240),
@@ -126,9 +127,4 @@ fn main() -> anyhow::Result<()> {
             })
         }
     }
-}
-
-/// `CI=true` (or `1`): the kernel matrix runs as part of `test`.
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }

@@ -14,6 +14,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use memwatch_test_support::process::wait_timeout;
 
 use crate::{kernels_doc, shell};
 
@@ -374,7 +375,7 @@ fn boot(
                 console.take(line);
                 if console.exit.is_some() {
                     // The VM powers off by itself; give it a moment, no more.
-                    let _ = wait_bounded(&mut child, Duration::from_secs(10));
+                    let _ = wait_timeout(&mut child, Duration::from_secs(10));
                     break;
                 }
             }
@@ -521,17 +522,6 @@ fn field(line: &str, key: &str) -> Option<String> {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(key))
         .map(str::to_string)
-}
-
-fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::io::Result<()> {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
 }
 
 fn summary(outcomes: &[Outcome], accel: Accel) -> String {
