@@ -2,14 +2,14 @@
 //! and `memwatch exec`. Root only; never skipped in CI.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use memwatch::event::{Event, EventKind};
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
-    kernel_tests_enabled, workspace_bin,
+    kernel_tests_enabled, memhog_in, process::Guarded, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
@@ -25,23 +25,10 @@ fn time_scale() -> f64 {
         .unwrap_or(1.0)
 }
 
-/// A memhog process, killed and reaped on drop.
-struct Hog(Child);
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `memhog MIB 120` inside `cgroup` and waits until the cgroup holds
-/// at least `MIB - 10` MiB (bounded).
-fn hog_in(cgroup: &TestCgroup, mib: u64) -> Hog {
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg(cgroup.exec_line(&format!("{} {mib} 120", workspace_bin("memhog").display())))
-        .stdout(Stdio::null())
+/// at least `MIB - 10` MiB (bounded); memhog is killed on drop.
+fn hog_in(cgroup: &TestCgroup, mib: u64) -> Guarded {
+    let child = memhog_in(cgroup.path(), mib, 120)
         .spawn()
         .expect("spawn memhog");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -53,7 +40,7 @@ fn hog_in(cgroup: &TestCgroup, mib: u64) -> Hog {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    Hog(child)
+    Guarded(child)
 }
 
 fn kinds(events: &[Event]) -> Vec<EventKind> {
