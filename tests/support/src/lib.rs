@@ -14,3 +14,15 @@ pub mod process;
 pub mod stats;
 pub mod wait;
 pub mod webhook;
+
+/// The value on the first line of `text` that reads `key <value>` (one
+/// space, then the value): `key` must match the line's start exactly.
+pub fn line_value<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(key)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}

@@ -7,13 +7,7 @@ pub const MARK_ENV: &str = "MEMHOG_MARK_MIB";
 
 /// The number memhog printed on its `key` line (`mark`, `pace`).
 pub fn printed(stdout: &str, key: &str) -> Option<i64> {
-    stdout.lines().find_map(|line| {
-        line.strip_prefix(key)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
+    crate::line_value(stdout, key)
 }
 
 #[cfg(test)]

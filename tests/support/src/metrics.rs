@@ -5,13 +5,7 @@
 /// (`memwatch_probe_kernel_total{counter="ringbuf_full"}`). `None` when no
 /// line holds exactly that series.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        line.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
+    crate::line_value(text, series)
 }
 
 #[cfg(test)]
