@@ -9,7 +9,7 @@ use std::{
 use memwatch::event::{Event, EventKind};
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
-    kernel_tests_enabled, memhog_in, process::Guarded, workspace_bin,
+    kernel_tests_enabled, memhog_in, ms_after_mark, process::Guarded, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
@@ -405,7 +405,7 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-k")
         })
         .await;
-    let delay_ms = (crossing.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6;
+    let delay_ms = ms_after_mark(&crossing, mark_ns);
     let workload_ms = 4.0 * pace_ns_per_mib as f64 / 1e6;
     // The event is the agent's: its user space runs some ten times slower
     // in a software-emulated VM (`cargo xtask vm-test` under TCG sets
@@ -446,7 +446,7 @@ async fn a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once() {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-z")
         })
         .await;
-    let delay_ms = (crossing.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6;
+    let delay_ms = ms_after_mark(&crossing, mark_ns);
     let scale = time_scale();
     println!(
         "crossed then slept → soft_cap_exceeded event: {delay_ms:.1} ms after the 63 MiB mark \

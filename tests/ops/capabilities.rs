@@ -9,7 +9,7 @@ use memwatch::event::EventKind;
 use memwatch_test_support::env::in_ci;
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in,
-    ops::documented_capabilities, workspace_bin,
+    ops::documented_capabilities, process::combined_output, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
@@ -169,11 +169,7 @@ fn systemd_unit_verifies_offline() {
         .arg(&path)
         .output()
         .expect("systemd-analyze verify");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = combined_output(&out);
     // verify exits 0 on unknown keys, only warning: any output is a failure.
     assert!(out.status.success() && text.trim().is_empty(), "{text}");
 }

@@ -17,16 +17,15 @@ use memwatch_test_support::{
     agent::{Agent, Options},
     http::http_get,
 };
-use memwatch_tests::{kernel_tests_enabled, ops::repo, workspace_bin};
+use memwatch_tests::{kernel_tests_enabled, ops::repo, process::combined_output, workspace_bin};
 use serde_json::Value;
 
 fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        "{cmd:?} failed: {}",
+        combined_output(&out)
     );
     out
 }

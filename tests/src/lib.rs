@@ -20,26 +20,14 @@ use std::{
 };
 
 use memwatch::event::Event;
-use memwatch_test_support::{
-    env::{in_ci, is_root},
-    memhog,
-    process::cgroup_exec_line,
-    webhook::Receiver,
-};
+use memwatch_test_support::{memhog, process::cgroup_exec_line, webhook::Receiver};
 
 /// Whether tests that need root and BPF can run here.
 ///
 /// In CI (`CI=true`) they must: not being root there is a failure, not a
 /// skip. Elsewhere they skip with the reason printed.
 pub fn kernel_tests_enabled(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    if in_ci() {
-        panic!("{test}: CI must run the kernel tests as root (euid is not 0)");
-    }
-    eprintln!("skipped {test}: needs root for BPF and cgroups (run `cargo xtask test` as root)");
-    false
+    process::root_or_skip(test, "for BPF and cgroups; run `cargo xtask test` as root")
 }
 
 /// A binary built by this workspace (`memwatch`, `memhog`), next to the test
@@ -129,6 +117,15 @@ pub fn received_events(receiver: &Receiver) -> Vec<Event> {
                 .unwrap_or_else(|err| panic!("the webhook got a non-event: {err}: {e}"))
         })
         .collect()
+}
+
+/// Milliseconds from memhog's `mark` (Unix ns) to `event`'s time stamp.
+pub fn ms_after_mark(event: &Event, mark_ns: i64) -> f64 {
+    let stamp = event
+        .time
+        .timestamp_nanos_opt()
+        .expect("event time in range");
+    (stamp - mark_ns) as f64 / 1e6
 }
 
 /// Asserts that `events` (as the agent lists them) have strictly

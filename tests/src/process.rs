@@ -49,6 +49,15 @@ pub fn run_bounded(what: &str, cmd: &mut Command, timeout: Duration) -> Output {
     }
 }
 
+/// A command's stdout then its stderr, as text (for a failure message).
+pub fn combined_output(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// A long-running child, SIGKILLed and reaped on drop.
 pub struct Guarded(pub Child);
 
