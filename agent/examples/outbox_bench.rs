@@ -6,13 +6,7 @@
 //! `cargo run --release -p memwatch --example outbox_bench -- [EVENTS] [DIR]`
 //! (DIR defaults to a temporary directory under $TMPDIR).
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use memwatch::{
     model::event::{EventBody, EventKind},
@@ -23,6 +17,7 @@ use memwatch::{
     },
     telemetry::Metrics,
 };
+use memwatch_test_support::webhook::Receiver;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -88,34 +83,18 @@ fn main() {
 fn deliver_to_local_webhook(outbox: Outbox, metrics: Metrics, events: u64) -> (u64, Duration) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
-        let received = Arc::new(AtomicU64::new(0));
-        let counter = received.clone();
-        let app = axum::Router::new().route(
-            "/hook",
-            axum::routing::post(move |body: axum::body::Bytes| {
-                let counter = counter.clone();
-                async move {
-                    let batch: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
-                    counter.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    "ok"
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let server = tokio::spawn(async move { axum::serve(listener, app).await });
-        let sink = WebhookSink::new(WebhookConfig::from_flag(0, &url).unwrap()).unwrap();
+        let receiver = Receiver::start();
+        let sink = WebhookSink::new(WebhookConfig::from_flag(0, &receiver.url()).unwrap()).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let start = Instant::now();
         let delivering = tokio::spawn(delivery::run(sink, outbox, metrics, shutdown));
         let deadline = start + Duration::from_secs(120);
-        while received.load(Ordering::Relaxed) < events && Instant::now() < deadline {
+        while (receiver.event_count() as u64) < events && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let took = start.elapsed();
         let _ = stop.send(true);
         let _ = delivering.await;
-        server.abort();
-        (received.load(Ordering::Relaxed), took)
+        (receiver.event_count() as u64, took)
     })
 }

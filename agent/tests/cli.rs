@@ -2,9 +2,10 @@
 
 use std::{
     fs,
-    net::TcpListener,
     process::{Command, Output},
 };
+
+use memwatch_test_support::http::free_port;
 
 fn memwatch(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memwatch"))
@@ -88,11 +89,7 @@ fn invalid_delivery_settings_exit_2_naming_the_key() {
 #[test]
 fn events_without_an_agent_says_so() {
     // A port that nothing listens on any more.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let out = memwatch(&["events", "--agent", &format!("http://127.0.0.1:{port}")]);
     assert_eq!(out.status.code(), Some(1));
     assert!(

@@ -1,20 +1,8 @@
 //! The webhook sink against a real HTTP receiver on 127.0.0.1 that refuses
 //! connections, then answers 500, then hangs, then recovers. No privilege.
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-use axum::{
-    Router,
-    body::Bytes,
-    extract::State,
-    http::{HeaderMap, StatusCode},
-    routing::post,
-};
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use memwatch::{
     model::event::{Event, EventBody, EventKind},
@@ -26,80 +14,19 @@ use memwatch::{
     },
     telemetry::Metrics,
 };
+use memwatch_test_support::{
+    http::free_port,
+    wait::wait_until_async,
+    webhook::{Answer, Receiver},
+};
 use sha2::Sha256;
-use tokio::{net::TcpListener, sync::watch, time::Instant};
+use tokio::sync::watch;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
-    Fail500,
-    Hang,
-    Accept,
-}
-
-/// One request as the receiver saw it.
-#[derive(Debug)]
-struct Request {
-    mode: Mode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-#[derive(Clone)]
-struct Receiver {
-    mode: Arc<Mutex<Mode>>,
-    requests: Arc<Mutex<Vec<Request>>>,
-}
-
-impl Receiver {
-    fn new(mode: Mode) -> Self {
-        Self {
-            mode: Arc::new(Mutex::new(mode)),
-            requests: Arc::default(),
-        }
-    }
-
-    fn set(&self, mode: Mode) {
-        *self.mode.lock().unwrap() = mode;
-    }
-
-    fn count(&self, mode: Mode) -> usize {
-        let requests = self.requests.lock().unwrap();
-        requests.iter().filter(|r| r.mode == mode).count()
-    }
-
-    /// Starts answering on `addr` (which must be free).
-    async fn serve(&self, addr: SocketAddr) {
-        let listener = TcpListener::bind(addr).await.unwrap();
-        let app = Router::new()
-            .route("/hook", post(handle))
-            .with_state(self.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    }
-}
-
-async fn handle(State(rx): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let mode = *rx.mode.lock().unwrap();
-    rx.requests.lock().unwrap().push(Request {
-        mode,
-        headers,
-        body,
-    });
-    match mode {
-        Mode::Fail500 => StatusCode::INTERNAL_SERVER_ERROR,
-        Mode::Hang => {
-            // Far past the sink's timeout; bounded all the same.
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            StatusCode::OK
-        }
-        Mode::Accept => StatusCode::NO_CONTENT,
-    }
-}
+/// Far past the sink's timeout; bounded all the same.
+const HANG: Answer = Answer::Hang(Duration::from_secs(10));
 
 fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 fn config(addr: SocketAddr, secret: Option<&str>) -> WebhookConfig {
@@ -114,15 +41,6 @@ fn config(addr: SocketAddr, secret: Option<&str>) -> WebhookConfig {
             retry_initial: Duration::from_millis(20),
             retry_max: Duration::from_millis(150),
         },
-    }
-}
-
-/// Waits (bounded) until `done` holds.
-async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -155,50 +73,52 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
 
     // 1. Nothing listens: connections are refused.
     append(3);
-    wait_until("refused connections", Duration::from_secs(10), || {
+    wait_until_async("refused connections", Duration::from_secs(10), async || {
         failures(&metrics, "connect") >= 3
     })
     .await;
     append(2);
 
     // 2. The receiver answers 500.
-    let receiver = Receiver::new(Mode::Fail500);
-    receiver.serve(addr).await;
-    wait_until("500 answers", Duration::from_secs(10), || {
-        receiver.count(Mode::Fail500) >= 3
+    let receiver = Receiver::start_on(addr);
+    receiver.answer(Answer::Status(500));
+    wait_until_async("500 answers", Duration::from_secs(10), async || {
+        receiver.count(Answer::Status(500)) >= 3
     })
     .await;
     append(2);
 
     // 3. It hangs past the sink's timeout.
-    receiver.set(Mode::Hang);
-    wait_until("timeouts", Duration::from_secs(10), || {
+    receiver.answer(HANG);
+    wait_until_async("timeouts", Duration::from_secs(10), async || {
         failures(&metrics, "timeout") >= 2
     })
     .await;
     append(3);
 
     // 4. It recovers.
-    receiver.set(Mode::Accept);
+    receiver.answer(Answer::Accept);
     append(2);
-    wait_until("the backlog to drain", Duration::from_secs(20), || {
-        outbox.backlog("test-hook") == 0
-    })
+    wait_until_async(
+        "the backlog to drain",
+        Duration::from_secs(20),
+        async || outbox.backlog("test-hook") == 0,
+    )
     .await;
     stop.send(true).unwrap();
     task.await.unwrap();
 
     let expected: Vec<Event> = outbox.read(0, 100);
     assert_eq!(expected.len(), 12);
-    let requests = receiver.requests.lock().unwrap();
+    let requests = receiver.requests();
     let mut accepted = Vec::new();
     let mut seen: BTreeMap<String, Event> = BTreeMap::new();
     for request in requests.iter() {
-        assert_eq!(request.headers["content-type"], "application/json");
+        assert_eq!(request.header("content-type"), Some("application/json"));
         let batch: Vec<Event> = serde_json::from_slice(&request.body).unwrap();
         assert_eq!(
-            request.headers[webhook::EVENT_ID_HEADER],
-            batch[0].id,
+            request.header(webhook::EVENT_ID_HEADER),
+            Some(batch[0].id.as_str()),
             "the id header names the first event"
         );
         assert!(batch.windows(2).all(|w| w[0].seq < w[1].seq), "{batch:?}");
@@ -208,7 +128,7 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
                 assert_eq!(before, *event);
             }
         }
-        if request.mode == Mode::Accept {
+        if request.answer == Answer::Accept {
             accepted.extend(batch);
         }
     }
@@ -219,7 +139,7 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
     assert!(
         requests
             .iter()
-            .all(|r| r.headers.get(webhook::SIGNATURE_HEADER).is_none())
+            .all(|r| r.header(webhook::SIGNATURE_HEADER).is_none())
     );
     assert_eq!(
         metrics
@@ -242,9 +162,8 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
 async fn signed_batches_verify_with_the_shared_secret() {
     let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
     let outbox = Outbox::new("h1", 100, metrics.clone());
-    let addr = free_addr();
-    let receiver = Receiver::new(Mode::Accept);
-    receiver.serve(addr).await;
+    let receiver = Receiver::start();
+    let addr = receiver.addr();
     let secret = "s3cret-key";
     let sink = webhook::WebhookSink::new(config(addr, Some(secret))).unwrap();
     let (stop, stopped) = watch::channel(false);
@@ -252,17 +171,19 @@ async fn signed_batches_verify_with_the_shared_secret() {
     for _ in 0..6 {
         outbox.append(EventBody::new(EventKind::Heartbeat), None);
     }
-    wait_until("delivery", Duration::from_secs(10), || {
+    wait_until_async("delivery", Duration::from_secs(10), async || {
         outbox.backlog("test-hook") == 0
     })
     .await;
     stop.send(true).unwrap();
     task.await.unwrap();
 
-    let requests = receiver.requests.lock().unwrap();
+    let requests = receiver.requests();
     assert!(requests.len() >= 2, "6 events in batches of 4");
     for request in requests.iter() {
-        let header = request.headers[webhook::SIGNATURE_HEADER].to_str().unwrap();
+        let header = request
+            .header(webhook::SIGNATURE_HEADER)
+            .expect("a signature header");
         let hex_mac = header.strip_prefix("sha256=").expect("sha256= prefix");
         // Verified as a receiver would: HMAC-SHA256 of the raw body, constant-time compare.
         let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();

@@ -9,6 +9,7 @@ use std::{
 };
 
 use agent_common::{CgroupRecord, EVENTS_RING_BYTES};
+use memwatch_test_support::metrics::metric;
 use memwatch_tests::{agent::Agent, kernel_tests_enabled};
 
 /// Each mkdir and each rmdir writes one CgroupRecord (plus an 8-byte
@@ -18,12 +19,9 @@ fn cgroups_to_churn() -> usize {
     EVENTS_RING_BYTES as usize / record + 64
 }
 
-/// The value of the metric line that starts with `prefix`, or 0.
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+/// The value of a counter series in `/metrics`, 0 while it is not there.
+fn counter(text: &str, series: &str) -> f64 {
+    metric(text, series).unwrap_or(0.0)
 }
 
 /// SIGCONTs the agent even when the test fails half way.
@@ -43,7 +41,7 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
     let agent = Agent::start(&[]).await;
     let (_, metrics) = agent.get("/metrics").await;
     assert_eq!(
-        metric(
+        counter(
             &metrics,
             "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}"
         ),
@@ -70,11 +68,11 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (_, metrics) = agent.get("/metrics").await;
-        let kernel = metric(
+        let kernel = counter(
             &metrics,
             "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}",
         );
-        let dropped = metric(
+        let dropped = counter(
             &metrics,
             "memwatch_events_dropped_total{reason=\"ringbuf_full\"}",
         );

@@ -8,14 +8,15 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
-    net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use memwatch::model::event::{Event, EventKind};
-use memwatch_tests::{agent::Agent, kernel_tests_enabled};
+use memwatch::model::event::EventKind;
+use memwatch_test_support::webhook::Receiver;
+use memwatch_tests::{
+    agent::Agent, assert_seq_increasing_and_ids_unique, kernel_tests_enabled, received_events,
+};
 
 const ROUNDS: usize = 5;
 /// Tasks started (and most ended) per round; the kill lands among them.
@@ -23,32 +24,12 @@ const TASKS_PER_ROUND: usize = 60;
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// seq → ids the webhook got for it (at least once: repeats allowed, one id).
-type Received = Arc<Mutex<BTreeMap<u64, BTreeSet<String>>>>;
-
-async fn receiver() -> (SocketAddr, Received) {
-    let received: Received = Arc::default();
-    let app = Router::new()
-        .route(
-            "/hook",
-            post(
-                |State(rx): State<Received>, Json(batch): Json<serde_json::Value>| async move {
-                    let batch: Vec<Event> = match batch {
-                        serde_json::Value::Array(_) => serde_json::from_value(batch).unwrap(),
-                        one => vec![serde_json::from_value(one).unwrap()],
-                    };
-                    let mut rx = rx.lock().unwrap();
-                    for e in batch {
-                        rx.entry(e.seq).or_default().insert(e.id);
-                    }
-                    StatusCode::NO_CONTENT
-                },
-            ),
-        )
-        .with_state(received.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, received)
+fn received(receiver: &Receiver) -> BTreeMap<u64, BTreeSet<String>> {
+    let mut got: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for e in received_events(receiver) {
+        got.entry(e.seq).or_default().insert(e.id);
+    }
+    got
 }
 
 /// What the agent answered 2xx to: (task id, "started" or "finished").
@@ -60,8 +41,8 @@ async fn sigkill_mid_burst_loses_nothing_acknowledged() {
         return;
     }
     let state = tempfile::tempdir().unwrap();
-    let (addr, received) = receiver().await;
-    let hook = format!("http://{addr}/hook");
+    let receiver = Receiver::start();
+    let hook = receiver.url();
     let acked: Acked = Arc::default();
     for round in 0..ROUNDS {
         let mut agent = Agent::start_in(state.path(), &["--webhook", &hook]).await;
@@ -110,13 +91,8 @@ async fn sigkill_mid_burst_loses_nothing_acknowledged() {
     // One clean run to read and deliver everything.
     let agent = Agent::start_in(state.path(), &["--webhook", &hook]).await;
     let events = agent.all_events().await;
+    assert_seq_increasing_and_ids_unique(&events);
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
-    assert!(
-        seqs.windows(2).all(|w| w[0] < w[1]),
-        "seq not increasing: {seqs:?}"
-    );
-    let ids: BTreeSet<&str> = events.iter().map(|e| e.id.as_str()).collect();
-    assert_eq!(ids.len(), events.len(), "an event id repeats");
     let agent_starts: Vec<u64> = events
         .iter()
         .filter(|e| e.body.kind == EventKind::AgentStarted)
@@ -157,7 +133,7 @@ async fn sigkill_mid_burst_loses_nothing_acknowledged() {
     // Every stored event reaches the webhook, under its one id.
     let deadline = Instant::now() + DELIVERY_TIMEOUT;
     loop {
-        let got = received.lock().unwrap().clone();
+        let got = received(&receiver);
         let missing: Vec<u64> = seqs
             .iter()
             .copied()

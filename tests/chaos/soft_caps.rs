@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use memwatch::model::event::EventKind;
-use memwatch_tests::{agent::Agent, exec_memhog_with_mark, kernel_tests_enabled};
+use memwatch_tests::{agent::Agent, exec_memhog_with_mark, kernel_tests_enabled, ms_after_mark};
 
 const TASKS: usize = 10;
 
@@ -29,8 +29,7 @@ async fn every_fresh_task_crossing_its_soft_cap_is_seen_by_the_kernel() {
         let crossing = events.iter().find(|e| {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some(&*task)
         });
-        let delay_ms =
-            crossing.map(|e| (e.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6);
+        let delay_ms = crossing.map(|e| ms_after_mark(e, mark_ns));
         if delay_ms.is_none_or(|d| d > 50.0) {
             late.push((task, delay_ms));
         }

@@ -2,13 +2,10 @@
 //! task_started has its task_finished, no 5xx, seq strictly increasing, and
 //! nothing left running. Root only (BPF); never skipped in CI.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use memwatch::model::event::EventKind;
-use memwatch_tests::{agent::Agent, kernel_tests_enabled};
+use memwatch_tests::{agent::Agent, assert_seq_increasing_and_ids_unique, kernel_tests_enabled};
 
 /// Tasks started and ended concurrently.
 const TASKS: usize = 200;
@@ -54,13 +51,7 @@ async fn two_hundred_tasks_start_and_end_at_once() {
     }
 
     let events = agent.all_events().await;
-    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
-    assert!(
-        seqs.windows(2).all(|w| w[0] < w[1]),
-        "seq not increasing: {seqs:?}"
-    );
-    let ids: BTreeSet<&str> = events.iter().map(|e| e.id.as_str()).collect();
-    assert_eq!(ids.len(), events.len(), "an event id repeats");
+    assert_seq_increasing_and_ids_unique(&events);
 
     // Per task: exactly one start, then exactly one finish after it.
     let mut seen: BTreeMap<&str, Vec<(EventKind, u64)>> = BTreeMap::new();

@@ -4,34 +4,18 @@
 
 use std::{
     collections::BTreeSet,
-    net::SocketAddr,
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use memwatch::model::event::{Event, EventKind};
-use memwatch_tests::{agent::Agent, kernel_tests_enabled, tmpfs::Tmpfs, workspace_bin};
+use memwatch::model::event::EventKind;
+use memwatch_test_support::{metrics::metric, webhook::Receiver};
+use memwatch_tests::{
+    agent::Agent, kernel_tests_enabled, received_events, tmpfs::Tmpfs, workspace_bin,
+};
 
-type Received = Arc<Mutex<BTreeSet<u64>>>;
-
-async fn receiver() -> (SocketAddr, Received) {
-    let received: Received = Arc::default();
-    let app = Router::new()
-        .route(
-            "/hook",
-            post(
-                |State(rx): State<Received>, Json(batch): Json<Vec<Event>>| async move {
-                    rx.lock().unwrap().extend(batch.iter().map(|e| e.seq));
-                    StatusCode::NO_CONTENT
-                },
-            ),
-        )
-        .with_state(received.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, received)
+/// The seqs the webhook got.
+fn received(receiver: &Receiver) -> BTreeSet<u64> {
+    received_events(receiver).iter().map(|e| e.seq).collect()
 }
 
 async fn status(agent: &Agent, path: &str) -> serde_json::Value {
@@ -49,8 +33,8 @@ async fn a_full_state_directory_degrades_then_recovers_without_losing_events() {
     let disk = Tmpfs::mount("1m");
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(config.path(), "heartbeat_interval = \"1s\"\n").unwrap();
-    let (addr, received) = receiver().await;
-    let hook = format!("http://{addr}/hook");
+    let receiver = Receiver::start();
+    let hook = receiver.url();
     let mut agent = Agent::start_in(
         disk.path(),
         &[
@@ -85,10 +69,7 @@ async fn a_full_state_directory_degrades_then_recovers_without_losing_events() {
     let state = status(&agent, "/v1/status").await;
     assert!(state["outbox"]["pending"].as_u64().unwrap() >= 1, "{state}");
     let (_, metrics) = agent.get("/metrics").await;
-    let unpersisted: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("memwatch_outbox_unpersisted_total "))
-        .and_then(|v| v.trim().parse().ok())
+    let unpersisted = metric(&metrics, "memwatch_outbox_unpersisted_total")
         .expect("memwatch_outbox_unpersisted_total");
     assert!(unpersisted >= 1.0, "{metrics}");
 
@@ -120,11 +101,14 @@ async fn a_full_state_directory_degrades_then_recovers_without_losing_events() {
         "no gap in the outbox"
     );
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !(1..=last).all(|s| received.lock().unwrap().contains(&s)) {
+    loop {
+        let got = received(&receiver);
+        if (1..=last).all(|s| got.contains(&s)) {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "webhook missing events up to {last}: {:?}",
-            received.lock().unwrap()
+            "webhook missing events up to {last}: {got:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

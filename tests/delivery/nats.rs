@@ -14,22 +14,12 @@ use memwatch::{
     },
     telemetry::Metrics,
 };
-use memwatch_tests::{
-    agent::free_port,
-    nats::{NatsServer, nats_server_binary},
-};
-use tokio::{sync::watch, time::Instant};
+use memwatch_test_support::{http::free_port, wait::wait_until_async};
+use memwatch_tests::nats::{NatsServer, nats_server_binary};
+use tokio::sync::watch;
 
 const SUBJECT: &str = "memwatch.test.events";
 const STREAM: &str = "MEMWATCH_TEST";
-
-async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_land_in_the_stream_exactly_once_across_a_nats_restart() {
@@ -77,7 +67,10 @@ async fn events_land_in_the_stream_exactly_once_across_a_nats_restart() {
     let drained = || outbox.backlog("test-nats") == 0;
 
     append(5);
-    wait_until("the first events", Duration::from_secs(20), drained).await;
+    wait_until_async("the first events", Duration::from_secs(20), async || {
+        drained()
+    })
+    .await;
 
     // The server dies; events keep coming and cannot be acknowledged.
     server.kill();
@@ -93,24 +86,27 @@ async fn events_land_in_the_stream_exactly_once_across_a_nats_restart() {
             })
             .sum::<u64>()
     };
-    wait_until(
+    wait_until_async(
         "failed attempts while NATS is down",
         Duration::from_secs(20),
-        || failures() >= 2,
+        async || failures() >= 2,
     )
     .await;
     assert!(outbox.backlog("test-nats") > 0);
 
     // Back on the same port and store: delivery resumes by itself.
     let server = NatsServer::start(&binary, port, store.path());
-    wait_until(
+    wait_until_async(
         "delivery after the restart",
         Duration::from_secs(30),
-        drained,
+        async || drained(),
     )
     .await;
     append(2);
-    wait_until("the last events", Duration::from_secs(20), drained).await;
+    wait_until_async("the last events", Duration::from_secs(20), async || {
+        drained()
+    })
+    .await;
     stop.send(true).unwrap();
     task.await.unwrap();
 

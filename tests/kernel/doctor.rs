@@ -2,6 +2,7 @@
 
 use std::process::Command;
 
+use memwatch_test_support::agent::UNPRIVILEGED;
 use memwatch_tests::{kernel_tests_enabled, workspace_bin};
 
 #[test]
@@ -36,14 +37,8 @@ fn doctor_without_privileges_names_the_poll_fallback_and_why() {
     if !kernel_tests_enabled("doctor_without_privileges_names_the_poll_fallback_and_why") {
         return;
     }
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--",
-        ])
+    let out = Command::new(UNPRIVILEGED[0])
+        .args(&UNPRIVILEGED[1..])
         .arg(workspace_bin("memwatch"))
         .arg("doctor")
         .output()

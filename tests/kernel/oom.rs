@@ -2,39 +2,21 @@
 //! reported by the real agent over HTTP. Root only; never skipped in CI.
 
 use std::{
-    process::{Command, Stdio},
+    path::Path,
+    process::Command,
     time::{Duration, Instant},
 };
 
 use memwatch::model::event::{Event, EventKind, OomConstraint};
+use memwatch_test_support::{agent::UNPRIVILEGED, metrics::metric, process::wait_timeout};
 use memwatch_tests::{
-    agent::{Agent, UNPRIVILEGED},
-    cgroup::TestCgroup,
-    kernel_tests_enabled, workspace_bin,
+    agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
-
-/// Polls `/v1/events` until `pred` matches an event; returns it with the
-/// wall-clock time it was first seen. Bounded by `timeout`.
-async fn wait_for_event(
-    agent: &Agent,
-    timeout: Duration,
-    pred: impl Fn(&Event) -> bool,
-) -> Option<(Event, chrono::DateTime<chrono::Utc>)> {
-    let deadline = Instant::now() + timeout;
-    let mut after = 0;
-    while Instant::now() < deadline {
-        for event in agent.events(after).await {
-            after = event.seq;
-            if pred(&event) {
-                return Some((event, chrono::Utc::now()));
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    None
-}
+/// How often the OOM tests read the events: the time an event is first
+/// seen is measured.
+const EVENT_POLL: Duration = Duration::from_millis(2);
 
 #[tokio::test]
 async fn oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup() {
@@ -45,19 +27,16 @@ async fn oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup() {
     let cgroup = TestCgroup::create("oom");
     cgroup.limit(64 * MIB);
 
-    let memhog = workspace_bin("memhog");
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(cgroup.exec_line(&format!("{} 200 30", memhog.display())))
-        .stdout(Stdio::null())
+    let mut child = memhog_in(cgroup.path(), 200, 30)
         .spawn()
         .expect("spawn memhog");
     let pid = child.id();
 
-    let seen = wait_for_event(&agent, Duration::from_secs(30), |e| {
-        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
-    })
-    .await;
+    let seen = agent
+        .poll_event(Duration::from_secs(30), EVENT_POLL, |e| {
+            e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
+        })
+        .await;
     let status = child.wait().expect("wait memhog");
     let exited = chrono::Utc::now();
     let Some((event, seen_at)) = seen else {
@@ -101,11 +80,8 @@ async fn oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup() {
     );
 
     let (_, metrics) = agent.get("/metrics").await;
-    let kills: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("memwatch_oom_kills_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("memwatch_oom_kills_total in /metrics");
+    let kills =
+        metric(&metrics, "memwatch_oom_kills_total").expect("memwatch_oom_kills_total in /metrics");
     assert!(kills >= 1.0, "{metrics}");
 
     // `memwatch events` prints the same event as one JSON line.
@@ -159,31 +135,27 @@ async fn without_bpf_capabilities_run_names_the_missing_capability() {
 
 /// The `oom_kill` event of `pid`, or a panic with the agent's log (2 s).
 async fn oom_event_of(agent: &Agent, pid: u32) -> Event {
-    wait_for_event(agent, Duration::from_secs(2), |e| {
-        e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
-    })
-    .await
-    .map(|(event, _)| event)
-    .unwrap_or_else(|| panic!("no oom_kill for {pid}; log:\n{}", agent.log_text()))
+    agent
+        .poll_event(Duration::from_secs(2), EVENT_POLL, |e| {
+            e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
+        })
+        .await
+        .map(|(event, _)| event)
+        .unwrap_or_else(|| panic!("no oom_kill for {pid}; log:\n{}", agent.log_text()))
 }
 
-/// Runs `memhog 200` in `cgroup` and waits for it to die (bounded).
-fn oom_in(cgroup_line: String) -> (u32, std::process::ExitStatus) {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(cgroup_line)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn memhog");
+/// Runs `memhog 200` in the cgroup at `cgroup` and waits for it to die
+/// (bounded).
+fn oom_in(cgroup: &Path) -> (u32, std::process::ExitStatus) {
+    let mut child = memhog_in(cgroup, 200, 30).spawn().expect("spawn memhog");
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait memhog") {
-            return (pid, status);
-        }
-        assert!(Instant::now() < deadline, "memhog was not OOM-killed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let Some(status) = wait_timeout(&mut child, Duration::from_secs(30)).expect("wait memhog")
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("memhog was not OOM-killed within 30 s");
+    };
+    (pid, status)
 }
 
 /// A parent cgroup limited to 64 MiB with a child cgroup, and `memhog 200`
@@ -201,12 +173,7 @@ fn oom_in_nested(
     parent.limit(64 * MIB);
     let child =
         memwatch::cgroup::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
-    let line = format!(
-        "echo $$ > {}/cgroup.procs && exec {} 200 30",
-        child.path().display(),
-        workspace_bin("memhog").display()
-    );
-    let (pid, status) = oom_in(line);
+    let (pid, status) = oom_in(child.path());
     (parent, child, pid, status)
 }
 
@@ -280,8 +247,7 @@ async fn cgroup_removed_right_after_its_oom_still_resolves_to_its_path() {
     let cgroup = TestCgroup::create("shortlived");
     cgroup.limit(64 * MIB);
     let path = cgroup.path_str().to_string();
-    let (pid, _) =
-        oom_in(cgroup.exec_line(&format!("{} 200 30", workspace_bin("memhog").display())));
+    let (pid, _) = oom_in(cgroup.path());
     drop(cgroup); // rmdir at once
     assert!(!std::path::Path::new(&path).exists());
     let event = oom_event_of(&agent, pid).await;
@@ -304,11 +270,7 @@ async fn oom_kill_while_the_agent_was_down_is_reported_at_the_next_start() {
     assert_eq!(agent.stop(), Some(0), "log:\n{}", agent.log_text());
 
     // The kill happens while no agent runs.
-    let memhog = workspace_bin("memhog");
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(cgroup.exec_line(&format!("{} 200 30", memhog.display())))
-        .stdout(Stdio::null())
+    let status = memhog_in(cgroup.path(), 200, 30)
         .status()
         .expect("run memhog");
     use std::os::unix::process::ExitStatusExt as _;
@@ -320,10 +282,11 @@ async fn oom_kill_while_the_agent_was_down_is_reported_at_the_next_start() {
 
     let agent = Agent::start_in(state.path(), &[]).await;
     let path = cgroup.path().to_str().unwrap();
-    let seen = wait_for_event(&agent, Duration::from_secs(10), |e| {
-        e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path)
-    })
-    .await;
+    let seen = agent
+        .poll_event(Duration::from_secs(10), EVENT_POLL, |e| {
+            e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path)
+        })
+        .await;
     let Some((event, _)) = seen else {
         panic!(
             "no recovered oom_kill for {path}; log:\n{}",
@@ -356,9 +319,8 @@ async fn a_kill_seen_live_is_not_recovered_again_after_the_agent_is_sigkilled() 
     live.limit(64 * MIB);
     let missed = TestCgroup::create("missedwhiledown");
     missed.limit(64 * MIB);
-    let memhog = format!("{} 200 30", workspace_bin("memhog").display());
     let mut agent = Agent::start_in(state.path(), &[]).await;
-    let (pid, _) = oom_in(live.exec_line(&memhog));
+    let (pid, _) = oom_in(live.path());
     oom_event_of(&agent, pid).await;
     // The agent reads again and saves the counters of cgroups with a live
     // kill every 5 s (agent.rs), not only at a clean exit: none here.
@@ -366,7 +328,7 @@ async fn a_kill_seen_live_is_not_recovered_again_after_the_agent_is_sigkilled() 
     agent.kill();
 
     // A kill while no agent runs: the control that the next start reconciles.
-    oom_in(missed.exec_line(&memhog));
+    oom_in(missed.path());
     let agent = Agent::start_in(state.path(), &[]).await;
     let recovered = |cgroup: &TestCgroup| {
         let path = cgroup.path().to_str().unwrap().to_string();
@@ -379,7 +341,9 @@ async fn a_kill_seen_live_is_not_recovered_again_after_the_agent_is_sigkilled() 
                     .is_some_and(|r| r.starts_with("recovered after the fact"))
         }
     };
-    let control = wait_for_event(&agent, Duration::from_secs(10), recovered(&missed)).await;
+    let control = agent
+        .poll_event(Duration::from_secs(10), EVENT_POLL, recovered(&missed))
+        .await;
     assert!(
         control.is_some(),
         "the kill while the agent was down was not recovered; log:\n{}",
@@ -423,17 +387,17 @@ async fn without_bpf_the_agent_falls_back_to_polling_and_still_reports_oom_kills
 
     let cgroup = TestCgroup::create("polled");
     cgroup.limit(64 * MIB);
-    let (_, status) =
-        oom_in(cgroup.exec_line(&format!("{} 200 30", workspace_bin("memhog").display())));
+    let (_, status) = oom_in(cgroup.path());
     use std::os::unix::process::ExitStatusExt as _;
     assert_eq!(status.signal(), Some(libc::SIGKILL));
     let path = cgroup.path_str().to_string();
     let started = Instant::now();
-    let (event, _) = wait_for_event(&agent, Duration::from_secs(5), |e| {
-        e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path.as_str())
-    })
-    .await
-    .unwrap_or_else(|| panic!("no polled oom_kill for {path}; log:\n{}", agent.log_text()));
+    let (event, _) = agent
+        .poll_event(Duration::from_secs(5), EVENT_POLL, |e| {
+            e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(path.as_str())
+        })
+        .await
+        .unwrap_or_else(|| panic!("no polled oom_kill for {path}; log:\n{}", agent.log_text()));
     println!(
         "poll source: oom_kill reported {} ms after the kill",
         started.elapsed().as_millis()

@@ -2,14 +2,14 @@
 //! and `memwatch exec`. Root only; never skipped in CI.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use memwatch::model::event::{Event, EventKind};
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
-    kernel_tests_enabled, workspace_bin,
+    kernel_tests_enabled, memhog_in, ms_after_mark, process::Guarded, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
@@ -25,23 +25,10 @@ fn time_scale() -> f64 {
         .unwrap_or(1.0)
 }
 
-/// A memhog process, killed and reaped on drop.
-struct Hog(Child);
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `memhog MIB 120` inside `cgroup` and waits until the cgroup holds
-/// at least `MIB - 10` MiB (bounded).
-fn hog_in(cgroup: &TestCgroup, mib: u64) -> Hog {
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg(cgroup.exec_line(&format!("{} {mib} 120", workspace_bin("memhog").display())))
-        .stdout(Stdio::null())
+/// at least `MIB - 10` MiB (bounded); memhog is killed on drop.
+fn hog_in(cgroup: &TestCgroup, mib: u64) -> Guarded {
+    let child = memhog_in(cgroup.path(), mib, 120)
         .spawn()
         .expect("spawn memhog");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -53,7 +40,7 @@ fn hog_in(cgroup: &TestCgroup, mib: u64) -> Hog {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    Hog(child)
+    Guarded(child)
 }
 
 fn kinds(events: &[Event]) -> Vec<EventKind> {
@@ -418,7 +405,7 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-k")
         })
         .await;
-    let delay_ms = (crossing.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6;
+    let delay_ms = ms_after_mark(&crossing, mark_ns);
     let workload_ms = 4.0 * pace_ns_per_mib as f64 / 1e6;
     // The event is the agent's: its user space runs some ten times slower
     // in a software-emulated VM (`cargo xtask vm-test` under TCG sets
@@ -459,7 +446,7 @@ async fn a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once() {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-z")
         })
         .await;
-    let delay_ms = (crossing.time.timestamp_nanos_opt().unwrap() - mark_ns) as f64 / 1e6;
+    let delay_ms = ms_after_mark(&crossing, mark_ns);
     let scale = time_scale();
     println!(
         "crossed then slept → soft_cap_exceeded event: {delay_ms:.1} ms after the 63 MiB mark \

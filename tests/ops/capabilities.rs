@@ -3,16 +3,13 @@
 //! and each one is needed. Root only (it hands out capabilities); never
 //! skipped in CI.
 
-use std::{
-    os::unix::fs::chown,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{os::unix::fs::chown, process::Command, time::Duration};
 
 use memwatch::model::event::EventKind;
+use memwatch_test_support::env::in_ci;
 use memwatch_tests::{
-    agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, ops::documented_capabilities,
-    workspace_bin,
+    agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in,
+    ops::documented_capabilities, process::combined_output, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
@@ -75,10 +72,7 @@ async fn ready_and_reports_an_oom_kill(wrapper: &[String], owner: u32, label: &s
     // start_wrapped returned: /ready said 200 under these capabilities.
     let cgroup = TestCgroup::create(&format!("caps-{label}"));
     cgroup.limit(64 * MIB);
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(cgroup.exec_line(&format!("{} 200 30", workspace_bin("memhog").display())))
-        .stdout(Stdio::null())
+    let mut child = memhog_in(cgroup.path(), 200, 30)
         .spawn()
         .expect("spawn memhog");
     let pid = child.id();
@@ -156,7 +150,7 @@ async fn without_any_one_documented_capability_run_fails_naming_it() {
 fn systemd_unit_verifies_offline() {
     let analyze = which::which("systemd-analyze");
     let Ok(analyze) = analyze else {
-        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        if in_ci() {
             panic!("systemd-analyze is missing (Debian package `systemd`)");
         }
         eprintln!("skipped systemd_unit_verifies_offline: no systemd-analyze");
@@ -175,11 +169,7 @@ fn systemd_unit_verifies_offline() {
         .arg(&path)
         .output()
         .expect("systemd-analyze verify");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = combined_output(&out);
     // verify exits 0 on unknown keys, only warning: any output is a failure.
     assert!(out.status.success() && text.trim().is_empty(), "{text}");
 }

@@ -13,16 +13,19 @@ use std::{
     process::{Command, Output},
 };
 
-use memwatch_tests::{agent::free_port, kernel_tests_enabled, ops::repo, workspace_bin};
+use memwatch_test_support::{
+    agent::{Agent, Options},
+    http::http_get,
+};
+use memwatch_tests::{kernel_tests_enabled, ops::repo, process::combined_output, workspace_bin};
 use serde_json::Value;
 
 fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        "{cmd:?} failed: {}",
+        combined_output(&out)
     );
     out
 }
@@ -129,51 +132,33 @@ async fn oci_image_builds_without_a_registry_and_runs_memwatch() {
     for dir in ["proc", "sys"] {
         fs::create_dir_all(rootfs.join(dir)).unwrap();
     }
-    let port = free_port();
     let root = rootfs.display();
-    let log = work.path().join("agent.log");
-    let mut agent = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-        .arg(format!(
-            "mount --rbind /sys {root}/sys && mount -t proc proc {root}/proc && \
-             exec chroot {root} /usr/local/bin/memwatch run --listen 127.0.0.1:{port} \
-             --state-dir /var/lib/memwatch --node-name image-test"
-        ))
-        .stderr(fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("unshare (util-linux)");
-    let client = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let ready = loop {
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/ready"))
-            .send()
-            .await
-            && r.status().as_u16() == 200
-        {
-            break true;
-        }
-        if std::time::Instant::now() > deadline || agent.try_wait().unwrap().is_some() {
-            break false;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mounted_chroot = format!(
+        "mount --rbind /sys {root}/sys && mount -t proc proc {root}/proc && \
+         exec chroot {root} \"$0\" \"$@\""
+    );
+    let options = Options {
+        wrapper: ["unshare", "--mount", "--propagation", "private", "--"]
+            .into_iter()
+            .map(String::from)
+            .chain(["sh".into(), "-c".into(), mounted_chroot])
+            .collect(),
+        state_dir: Some("/var/lib/memwatch".into()),
+        node_name: Some("image-test".into()),
+        log: true,
+        ..Options::default()
     };
-    let health = match ready {
-        true => client
-            .get(format!("http://127.0.0.1:{port}/health"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-        false => String::new(),
-    };
-    // SAFETY: kill(2) on our own child (exec'd into the agent).
-    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
-    let status = agent.wait().unwrap();
-    let log = fs::read_to_string(&log).unwrap_or_default();
-    assert!(ready, "the agent from the image never got ready:\n{log}");
+    // `memwatch run` inside the image, through unshare, sh and chroot, each
+    // exec'ing the next: the pid is the agent's.
+    let mut agent = Agent::start(Path::new("/usr/local/bin/memwatch"), &options)
+        .unwrap_or_else(|e| panic!("the agent from the image never got ready: {e}"));
+    let health = http_get(agent.port, "/health").expect("GET /health");
     assert!(health.contains("\"source\":\"ebpf\""), "{health}");
-    assert_eq!(status.code(), Some(0), "clean exit on SIGTERM:\n{log}");
+    let code = agent.stop().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        code,
+        Some(0),
+        "clean exit on SIGTERM:\n{}",
+        agent.log_text()
+    );
 }

@@ -4,18 +4,14 @@
 //! containers carries pod_uid, container_id and qos_class and is attributed
 //! to the pod's task. Root only; never skipped in CI.
 
-use std::{
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use memwatch::{
     cgroup::{MemoryHierarchy, OwnedCgroup},
     model::event::EventKind,
     model::pod::QosClass,
 };
-use memwatch_tests::{agent::Agent, kernel_tests_enabled, workspace_bin};
+use memwatch_tests::{agent::Agent, kernel_tests_enabled, memhog_in};
 
 const MIB: u64 = 1 << 20;
 
@@ -101,13 +97,7 @@ async fn pod_oom_is_attributed(levels: Vec<String>, uid: &str, cid: &str, qos: Q
     let task_id = started.body.task_id.clone().expect("task id");
 
     let container = pod.container.display().to_string();
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {container}/cgroup.procs && exec {} 200 30",
-            workspace_bin("memhog").display()
-        ))
-        .stdout(Stdio::null())
+    let mut child = memhog_in(&pod.container, 200, 30)
         .spawn()
         .expect("spawn memhog");
     let pid = child.id();

@@ -11,6 +11,19 @@ use memwatch_tests::ops::{self, documented_capabilities, kubernetes_validate, re
 /// Kinds of the Prometheus operator: no schema ships for CRDs.
 const CRD_KINDS: [&str; 2] = ["PrometheusRule", "ServiceMonitor"];
 
+/// The text of `file` after `marker` (a YAML key opening a block), each
+/// line with `indent` taken off where it has it.
+fn block_after(file: &str, marker: &str, indent: &str) -> String {
+    ops::read(file)
+        .split_once(marker)
+        .unwrap_or_else(|| panic!("{marker:?} in {file}"))
+        .1
+        .lines()
+        .map(|l| l.strip_prefix(indent).unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn raw_manifests() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(repo().join("deploy/kubernetes"))
         .expect("deploy/kubernetes")
@@ -84,15 +97,11 @@ fn the_validator_rejects_a_broken_daemonset() {
 
 #[test]
 fn raw_configmap_holds_a_config_the_agent_accepts() {
-    let cm = ops::read("deploy/kubernetes/configmap.yaml");
-    let toml: String = cm
-        .split_once("memwatch.toml: |\n")
-        .expect("memwatch.toml in the ConfigMap")
-        .1
-        .lines()
-        .map(|l| l.strip_prefix("    ").unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let toml = block_after(
+        "deploy/kubernetes/configmap.yaml",
+        "memwatch.toml: |\n",
+        "    ",
+    );
     let config = assert_agent_accepts(&toml);
     assert!(config.kubernetes.pod_tasks);
     assert_eq!(config.listen.port(), 9750);
@@ -171,15 +180,7 @@ fn manifests_grant_exactly_the_documented_capabilities() {
 
 #[test]
 fn chart_and_raw_alert_rules_are_the_same() {
-    let raw = ops::read("deploy/kubernetes/prometheusrule.yaml");
-    let spec: String = raw
-        .split_once("\nspec:\n")
-        .expect("spec")
-        .1
-        .lines()
-        .map(|l| l.strip_prefix("  ").unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let spec = block_after("deploy/kubernetes/prometheusrule.yaml", "\nspec:\n", "  ");
     let chart = ops::read("deploy/helm/memwatch/files/alert-groups.yaml");
     assert_eq!(chart.trim_end(), spec.trim_end());
 }

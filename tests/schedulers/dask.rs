@@ -10,6 +10,7 @@ use std::{
 };
 
 use memwatch::model::event::{Event, EventKind};
+use memwatch_test_support::wait::wait_until_async;
 use memwatch_tests::{
     agent::Agent,
     dask::{DaskCluster, python_with_dask},
@@ -63,20 +64,6 @@ fn config(cluster: &DaskCluster, soft_cap: Option<u64>) -> String {
     text
 }
 
-/// Polls until `done` or `timeout`; the time it took.
-async fn wait_until(
-    what: &str,
-    timeout: Duration,
-    mut done: impl AsyncFnMut() -> bool,
-) -> Duration {
-    let start = Instant::now();
-    while !done().await {
-        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    start.elapsed()
-}
-
 fn of_kind(events: &[Event], kind: EventKind) -> Vec<&Event> {
     events.iter().filter(|e| e.body.kind == kind).collect()
 }
@@ -106,7 +93,7 @@ async fn dask_unhealthy_worker_is_retired_and_work_fails_over() {
         cap / MIB
     );
     cluster.client(&["free", &a1]);
-    wait_until("w1 frees its leak", Duration::from_secs(20), async || {
+    wait_until_async("w1 frees its leak", Duration::from_secs(20), async || {
         cluster.workers[0].cgroup.usage() < cap
     })
     .await;
@@ -114,14 +101,14 @@ async fn dask_unhealthy_worker_is_retired_and_work_fails_over() {
     // With memwatch: the same leak gets w1 retired, and work goes to w2.
     let agent = Agent::start_with_config(&config(&cluster, Some(cap))).await;
     let _leak = cluster.client_background(&["leak", &a1, &leak]);
-    wait_until(
+    wait_until_async(
         "the leak crosses the cap",
         Duration::from_secs(60),
         async || cluster.workers[0].cgroup.usage() > cap,
     )
     .await;
     let crossed = Instant::now();
-    let retired = wait_until("w1 is retired", Duration::from_secs(60), async || {
+    let retired = wait_until_async("w1 is retired", Duration::from_secs(60), async || {
         !cluster.listed().await.iter().any(|(_, a)| *a == a1)
     })
     .await;
@@ -254,7 +241,7 @@ async fn dask_oom_killed_worker_is_reported_with_its_address_and_the_job_complet
         "{kill:#?}"
     );
     // The nanny brought w1 back (a new process, a new address).
-    let back = wait_until(
+    let back = wait_until_async(
         "the nanny restarts w1",
         Duration::from_secs(30),
         async || cluster.address_of("w1").await.is_some_and(|a| a != a1),

@@ -6,15 +6,15 @@
 use std::{
     fs,
     os::unix::fs::PermissionsExt as _,
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use memwatch::model::event::EventKind;
+use memwatch_test_support::wait::wait_until_every;
 use memwatch_tests::{
     agent::Agent,
     cgroup::TestCgroup,
-    kernel_tests_enabled,
+    kernel_tests_enabled, memhog_in,
     process::Guarded,
     slurm::{SlurmCluster, slurm_available},
     workspace_bin,
@@ -36,15 +36,8 @@ fn sink_config(cluster: &SlurmCluster, extra: &str) -> String {
     )
 }
 
-/// Polls `check` every 50 ms until it holds or `timeout` passes; the time it took.
-fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
-}
+/// How often a wait looks: each look runs a Slurm command.
+const SLURM_POLL: Duration = Duration::from_millis(50);
 
 fn state_of(cluster: &SlurmCluster, node: &str) -> String {
     cluster
@@ -68,9 +61,12 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
     let killed = cluster.dir.path().join("killed.sh");
     fs::write(&killed, "#!/bin/sh\nkill -KILL $$\n").unwrap();
     let baseline = cluster.sbatch(&killed);
-    wait_until("the baseline job ends", Duration::from_secs(30), || {
-        cluster.job(baseline)["JobState"] == "FAILED"
-    });
+    wait_until_every(
+        "the baseline job ends",
+        Duration::from_secs(30),
+        SLURM_POLL,
+        || cluster.job(baseline)["JobState"] == "FAILED",
+    );
     std::thread::sleep(Duration::from_secs(3));
     let job = cluster.job(baseline);
     assert_eq!(
@@ -111,9 +107,10 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
         })
         .await;
     let seen = Instant::now();
-    let took = wait_until(
+    let took = wait_until_every(
         "the requeued job completes",
         Duration::from_secs(60),
+        SLURM_POLL,
         || cluster.job(id)["JobState"] == "COMPLETED",
     );
     let job = cluster.job(id);
@@ -157,10 +154,7 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
     let worker = TestCgroup::create("slurm-n1");
     let hog = |cg: &TestCgroup| {
         Guarded(
-            Command::new("sh")
-                .arg("-c")
-                .arg(cg.exec_line(&format!("{} 200 120", workspace_bin("memhog").display())))
-                .stdout(Stdio::null())
+            memhog_in(cg.path(), 200, 120)
                 .spawn()
                 .expect("spawn memhog"),
         )
@@ -168,9 +162,12 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
 
     // Without memwatch: Slurm keeps n1 open for work whatever its memory.
     let leftover = hog(&worker);
-    wait_until("memhog holds its memory", Duration::from_secs(20), || {
-        worker.usage() > 150 * MIB
-    });
+    wait_until_every(
+        "memhog holds its memory",
+        Duration::from_secs(20),
+        SLURM_POLL,
+        || worker.usage() > 150 * MIB,
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(state_of(&cluster, "n1"), "idle");
     println!("without memwatch: n1 stays idle (open for jobs) with 200 MiB of leftover memory");
@@ -184,10 +181,13 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
     ))
     .await;
     let leftover = hog(&worker);
-    wait_until("memhog crosses the cap", Duration::from_secs(20), || {
-        worker.usage() > 100 * MIB
-    });
-    let drained = wait_until("n1 is drained", Duration::from_secs(30), || {
+    wait_until_every(
+        "memhog crosses the cap",
+        Duration::from_secs(20),
+        SLURM_POLL,
+        || worker.usage() > 100 * MIB,
+    );
+    let drained = wait_until_every("n1 is drained", Duration::from_secs(30), SLURM_POLL, || {
         state_of(&cluster, "n1").starts_with("drain")
     });
     let reasons = cluster.drain_reasons();
@@ -206,7 +206,7 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
     );
 
     drop(leftover);
-    let resumed = wait_until("n1 is resumed", Duration::from_secs(30), || {
+    let resumed = wait_until_every("n1 is resumed", Duration::from_secs(30), SLURM_POLL, || {
         state_of(&cluster, "n1") == "idle"
     });
     println!("n1 resumed {resumed:?} after the memory was freed (recover_after = 2s)");

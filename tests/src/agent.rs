@@ -1,28 +1,26 @@
-//! A real `memwatch run` process on a free loopback port.
+//! A real `memwatch run` process on a free loopback port (the support
+//! crate's [`support::Agent`]), with an HTTP client and memwatch's events.
 
 use std::{
     fs,
-    net::TcpListener,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
     time::{Duration, Instant},
 };
 
 use memwatch::model::event::Event;
+use memwatch_test_support::{
+    agent::{self as support, OnDrop, Options, UNPRIVILEGED},
+    http::free_port,
+    wait::POLL,
+};
 
 use crate::workspace_bin;
 
-/// How long the agent may take to attach its probe.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long it may take to exit after SIGTERM.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-
 pub struct Agent {
-    child: Option<Child>,
+    process: support::Agent,
     pub base_url: String,
-    log: PathBuf,
     client: reqwest::Client,
-    /// The state directory made for this agent, when the test gave none.
+    /// A state directory made here for this agent (dropped after it).
     _state: Option<tempfile::TempDir>,
 }
 
@@ -44,10 +42,7 @@ impl Agent {
     /// Starts the agent with `extra` flags and a fresh state directory of
     /// its own, and waits until `/ready` says 200.
     pub async fn start(extra: &[&str]) -> Agent {
-        let state = tempfile::tempdir().expect("state dir");
-        let mut agent = Self::start_in(state.path(), extra).await;
-        agent._state = Some(state);
-        agent
+        Self::launch(&[], None, extra).await
     }
 
     /// Starts the agent as user `nobody` with no capability at all (through
@@ -59,7 +54,7 @@ impl Agent {
             std::os::unix::fs::PermissionsExt::from_mode(0o777),
         )
         .expect("chmod state dir");
-        let mut agent = Self::start_wrapped(&UNPRIVILEGED, state.path(), extra).await;
+        let mut agent = Self::launch(&UNPRIVILEGED, Some(state.path()), extra).await;
         agent._state = Some(state);
         agent
     }
@@ -67,81 +62,43 @@ impl Agent {
     /// Starts the agent with `--state-dir state_dir` (kept by the caller,
     /// e.g. across a restart) and `extra` flags; waits until it is ready.
     pub async fn start_in(state_dir: &Path, extra: &[&str]) -> Agent {
-        Self::start_wrapped(&[], state_dir, extra).await
+        Self::launch(&[], Some(state_dir), extra).await
     }
 
     /// Like [`Agent::start_in`], with `memwatch` run by a wrapper command
     /// (`setpriv … --`, to run it with fewer privileges).
     pub async fn start_wrapped(wrapper: &[&str], state_dir: &Path, extra: &[&str]) -> Agent {
-        let port = free_port();
-        let log =
-            std::env::temp_dir().join(format!("memwatch-test-{}-{port}.log", std::process::id()));
-        let mut command = match wrapper.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(workspace_bin("memwatch"));
-                c
-            }
-            None => Command::new(workspace_bin("memwatch")),
+        Self::launch(wrapper, Some(state_dir), extra).await
+    }
+
+    /// Starts the agent (node name `test-node`, debug log kept, SIGKILLed
+    /// on drop) on a blocking thread, and panics with why (and its log)
+    /// when it does not come up.
+    async fn launch(wrapper: &[&str], state_dir: Option<&Path>, extra: &[&str]) -> Agent {
+        let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect();
+        let options = Options {
+            wrapper: strings(wrapper),
+            state_dir: state_dir.map(Path::to_path_buf),
+            node_name: Some("test-node".into()),
+            args: strings(extra),
+            env: vec![("RUST_LOG".into(), "memwatch=debug,info".into())],
+            log: true,
+            on_drop: OnDrop::Kill,
         };
-        let child = command
-            .args([
-                "run",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--node-name",
-                "test-node",
-                "--state-dir",
-            ])
-            .arg(state_dir)
-            .args(extra)
-            .env("RUST_LOG", "memwatch=debug,info")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).expect("agent log file"))
-            .spawn()
-            .expect("spawn memwatch run");
-        let mut agent = Agent {
-            child: Some(child),
-            base_url: format!("http://127.0.0.1:{port}"),
-            log,
+        let memwatch = workspace_bin("memwatch");
+        let started =
+            tokio::task::spawn_blocking(move || support::Agent::start(&memwatch, &options))
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        let process = started.unwrap_or_else(|e| panic!("{e}"));
+        Agent {
+            base_url: process.base_url(),
+            process,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()
                 .expect("http client"),
             _state: None,
-        };
-        agent.wait_ready().await;
-        agent
-    }
-
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "memwatch run exited early ({status}); log:\n{}",
-                    self.log_text()
-                );
-            }
-            if let Ok(r) = self
-                .client
-                .get(format!("{}/ready", self.base_url))
-                .send()
-                .await
-                && r.status().as_u16() == 200
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agent not ready after {READY_TIMEOUT:?}; log:\n{}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -172,26 +129,46 @@ impl Agent {
         (code, r.json().await.unwrap_or(serde_json::Value::Null))
     }
 
-    /// Polls the events until one matches; panics with the agent's log
-    /// after `timeout`.
+    /// Polls the events every `every`, reading on from the last one seen,
+    /// until one matches `pred`: that event and the wall-clock time it was
+    /// first seen. `None` after `timeout`.
+    pub async fn poll_event(
+        &self,
+        timeout: Duration,
+        every: Duration,
+        pred: impl Fn(&Event) -> bool,
+    ) -> Option<(Event, chrono::DateTime<chrono::Utc>)> {
+        let deadline = Instant::now() + timeout;
+        let mut after = 0;
+        loop {
+            for event in self.events(after).await {
+                after = event.seq;
+                if pred(&event) {
+                    return Some((event, chrono::Utc::now()));
+                }
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Polls the events until one matches; panics naming `what`, with the
+    /// events and the agent's log, after `timeout`.
     pub async fn wait_for_event(
         &self,
         timeout: Duration,
         what: &str,
         pred: impl Fn(&Event) -> bool,
     ) -> Event {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(event) = self.events(0).await.into_iter().find(|e| pred(e)) {
-                return event;
-            }
-            assert!(
-                Instant::now() < deadline,
+        match self.poll_event(timeout, POLL, pred).await {
+            Some((event, _)) => event,
+            None => panic!(
                 "no {what} event within {timeout:?}; events: {:#?}\nlog:\n{}",
                 self.events(0).await,
                 self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            ),
         }
     }
 
@@ -217,31 +194,24 @@ impl Agent {
     }
 
     pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// The agent's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.pid()
     }
 
     /// Sends `signal` (SIGSTOP, SIGCONT, ...) to the agent, without waiting.
     pub fn signal(&self, signal: i32) {
-        let pid = self.pid().expect("the agent runs");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(
-            unsafe { libc::kill(pid as i32, signal) },
-            0,
-            "kill {signal}"
-        );
+        self.process
+            .signal(signal)
+            .unwrap_or_else(|e| panic!("kill {signal}: {e}"));
     }
 
     /// SIGKILLs the agent and reaps it: no drain, no clean shutdown.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL the agent");
-            child.wait().expect("reap the agent");
-        }
+        self.process.kill().expect("SIGKILL and reap the agent");
     }
 
     /// An HTTP client with the agent's timeout, for concurrent requests.
@@ -250,52 +220,8 @@ impl Agent {
     }
 
     /// Sends SIGTERM and waits for a clean exit; returns the exit code.
+    /// Panics, with the log, when the agent ignores SIGTERM.
     pub fn stop(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait agent") {
-                return status.code();
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "agent ignored SIGTERM for {STOP_TIMEOUT:?}; log:\n{}",
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.process.stop().unwrap_or_else(|e| panic!("{e}"))
     }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = fs::remove_file(&self.log);
-    }
-}
-
-/// `setpriv` arguments that run a command as `nobody` with no capability.
-pub const UNPRIVILEGED: [&str; 6] = [
-    "setpriv",
-    "--reuid=65534",
-    "--regid=65534",
-    "--clear-groups",
-    "--inh-caps=-all",
-    "--",
-];
-
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
 }

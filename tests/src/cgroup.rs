@@ -4,6 +4,7 @@
 use std::{fs, path::Path};
 
 use memwatch::cgroup::{MemoryHierarchy, OwnedCgroup};
+use memwatch_test_support::process::cgroup_exec_line;
 
 pub struct TestCgroup {
     inner: OwnedCgroup,
@@ -41,10 +42,7 @@ impl TestCgroup {
     /// A shell line that moves itself into this cgroup and then execs `cmd`,
     /// so the pid the caller sees is the pid of `cmd`.
     pub fn exec_line(&self, cmd: &str) -> String {
-        format!(
-            "echo $$ > {}/cgroup.procs && exec {cmd}",
-            self.path().display()
-        )
+        cgroup_exec_line(self.path(), cmd)
     }
 
     /// The cgroup's memory usage as the kernel counts it.

@@ -9,8 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use memwatch_test_support::http::free_port;
+
 use crate::{
-    agent::free_port,
     cgroup::TestCgroup,
     process::{Guarded, root_or_skip, run_bounded},
 };

@@ -1,6 +1,8 @@
 //! Helpers for memwatch's integration tests: privilege gating, a real agent
 //! process on a loopback port, and memory cgroups that clean up after
-//! themselves.
+//! themselves. Those typed on memwatch's own types live here; the rest
+//! (bounded waits, the webhook receiver, the agent process) in the
+//! `memwatch-test-support` crate, which xtask shares.
 
 pub mod agent;
 pub mod cgroup;
@@ -11,23 +13,21 @@ pub mod process;
 pub mod slurm;
 pub mod tmpfs;
 
-use std::path::PathBuf;
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use memwatch::model::event::Event;
+use memwatch_test_support::{memhog, process::cgroup_exec_line, webhook::Receiver};
 
 /// Whether tests that need root and BPF can run here.
 ///
 /// In CI (`CI=true`) they must: not being root there is a failure, not a
 /// skip. Elsewhere they skip with the reason printed.
 pub fn kernel_tests_enabled(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
-        return true;
-    }
-    if in_ci() {
-        panic!("{test}: CI must run the kernel tests as root (euid is not 0)");
-    }
-    eprintln!("skipped {test}: needs root for BPF and cgroups (run `cargo xtask test` as root)");
-    false
+    process::root_or_skip(test, "for BPF and cgroups; run `cargo xtask test` as root")
 }
 
 /// A binary built by this workspace (`memwatch`, `memhog`), next to the test
@@ -45,11 +45,6 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         bin.display()
     );
     bin
-}
-
-/// `CI=true` (or `1`): tests must run, never skip.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 /// Runs `memwatch exec --agent <agent> --soft-cap <cap> --task-id <task> --
@@ -83,7 +78,7 @@ pub fn exec_memhog_with_mark_and_pace(
         ])
         .arg(workspace_bin("memhog"))
         .args([mib.to_string(), "1".into()])
-        .env("MEMHOG_MARK_MIB", mark.to_string())
+        .env(memhog::MARK_ENV, mark.to_string())
         .output()
         .expect("memwatch exec");
     assert!(
@@ -93,11 +88,54 @@ pub fn exec_memhog_with_mark_and_pace(
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let field = |key: &str| -> i64 {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("memhog printed no {key}: {stdout}"))
+        memhog::printed(&stdout, key).unwrap_or_else(|| panic!("memhog printed no {key}: {stdout}"))
     };
-    (field("mark "), field("pace "))
+    (field("mark"), field("pace"))
+}
+
+/// `sh -c` that moves itself into the cgroup at `cgroup` and execs `memhog
+/// <mib> <hold_secs>` (stdout discarded): spawn it (the child's pid is
+/// memhog's) or run it.
+pub fn memhog_in(cgroup: &Path, mib: u64, hold_secs: u64) -> Command {
+    let memhog = format!("{} {mib} {hold_secs}", workspace_bin("memhog").display());
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(cgroup_exec_line(cgroup, &memhog))
+        .stdout(Stdio::null());
+    command
+}
+
+/// The events a [`Receiver`] accepted, as memwatch events; panics on one
+/// that is not.
+pub fn received_events(receiver: &Receiver) -> Vec<Event> {
+    receiver
+        .events()
+        .into_iter()
+        .map(|(_, e)| {
+            serde_json::from_value(e.clone())
+                .unwrap_or_else(|err| panic!("the webhook got a non-event: {err}: {e}"))
+        })
+        .collect()
+}
+
+/// Milliseconds from memhog's `mark` (Unix ns) to `event`'s time stamp.
+pub fn ms_after_mark(event: &Event, mark_ns: i64) -> f64 {
+    let stamp = event
+        .time
+        .timestamp_nanos_opt()
+        .expect("event time in range");
+    (stamp - mark_ns) as f64 / 1e6
+}
+
+/// Asserts that `events` (as the agent lists them) have strictly
+/// increasing seqs and no repeated id.
+pub fn assert_seq_increasing_and_ids_unique(events: &[Event]) {
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "seq not increasing: {seqs:?}"
+    );
+    let ids: BTreeSet<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids.len(), events.len(), "an event id repeats");
 }

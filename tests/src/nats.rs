@@ -9,6 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use memwatch_test_support::env::{in_ci, is_root};
+
 /// How long the server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -19,15 +21,13 @@ pub fn nats_server_binary(test: &str) -> Option<PathBuf> {
     if let Ok(path) = which::which("nats-server") {
         return Some(path);
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
+    if is_root() {
         // The machine's policy-rc.d keeps the packaged service from
         // starting; tests start their own server.
         crate::process::apt_install(&["nats-server"], || which::which("nats-server").is_ok());
         return Some(which::which("nats-server").expect("nats-server after install"));
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+    if in_ci() {
         panic!("{test}: CI must have nats-server or run as root to install it");
     }
     eprintln!("skipped {test}: nats-server is missing and installing it needs root");

@@ -7,6 +7,8 @@ use std::{
     sync::OnceLock,
 };
 
+use crate::process::combined_output;
+
 /// The workspace root.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -69,12 +71,7 @@ pub fn kubernetes_validate(files: &[PathBuf]) -> (bool, String) {
         .args(files)
         .output()
         .expect("run kubernetes-validate");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    (out.status.success(), combined_output(&out))
 }
 
 /// Renders the Helm chart into `out` (manifests.yaml, memwatch.toml).
@@ -90,9 +87,8 @@ pub fn render_chart(out: &Path, values: Option<&Path>) {
     let result = cmd.output().expect("run render_chart.py");
     assert!(
         result.status.success(),
-        "helm render/lint failed:\n{}{}",
-        String::from_utf8_lossy(&result.stdout),
-        String::from_utf8_lossy(&result.stderr)
+        "helm render/lint failed:\n{}",
+        combined_output(&result)
     );
 }
 

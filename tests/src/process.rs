@@ -4,7 +4,12 @@ use std::{
     io::Read as _,
     process::{Child, Command, Output, Stdio},
     thread,
-    time::{Duration, Instant},
+    time::Duration,
+};
+
+use memwatch_test_support::{
+    env::{in_ci, is_root},
+    process::wait_timeout,
 };
 
 /// Runs `cmd` to completion within `timeout` (killed after it), with its
@@ -29,26 +34,28 @@ pub fn run_bounded(what: &str, cmd: &mut Command, timeout: Duration) -> Output {
         let _ = err.read_to_end(&mut v);
         v
     });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{what}: did not finish within {timeout:?}; stderr:\n{}",
-                String::from_utf8_lossy(&err.join().unwrap_or_default())
-            );
-        }
-        thread::sleep(Duration::from_millis(20));
+    let Some(status) = wait_timeout(&mut child, timeout).expect("wait") else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "{what}: did not finish within {timeout:?}; stderr:\n{}",
+            String::from_utf8_lossy(&err.join().unwrap_or_default())
+        );
     };
     Output {
         status,
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
     }
+}
+
+/// A command's stdout then its stderr, as text (for a failure message).
+pub fn combined_output(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// A long-running child, SIGKILLed and reaped on drop.
@@ -77,11 +84,10 @@ impl Drop for Guarded {
 /// Whether tests that install software and start clusters may run: as
 /// root. Not root: skipped with the reason printed, or a failure in CI.
 pub fn root_or_skip(test: &str, needs: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         return true;
     }
-    if crate::in_ci() {
+    if in_ci() {
         panic!("{test}: CI must run this test as root ({needs})");
     }
     eprintln!("skipped {test}: needs root ({needs})");

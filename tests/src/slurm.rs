@@ -12,10 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    agent::free_port,
-    process::{Guarded, apt_install, root_or_skip, run_bounded},
-};
+use memwatch_test_support::http::free_port;
+
+use crate::process::{Guarded, apt_install, root_or_skip, run_bounded};
 
 const PACKAGES: [&str; 4] = ["slurmctld", "slurmd", "slurm-client", "munge"];
 /// How long the cluster may take to have both nodes idle.

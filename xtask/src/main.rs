@@ -12,21 +12,17 @@
 //!   (pure cgroup v2) and on this host; writes docs/kernels.md.
 
 mod bench;
-mod bench_delay;
-mod bench_idle;
-mod bench_storm;
 mod kernels_doc;
 mod layers;
 mod setup;
 mod shell;
 mod test;
 mod vm;
-mod vm_initramfs;
-mod vm_kernel;
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use memwatch_test_support::env::in_ci;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -115,7 +111,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test { vm, no_lint, args } => {
             setup::ensure()?;
             test::run(!no_lint, &args)?;
-            if vm || ci() {
+            if vm || in_ci() {
                 vm::run(&vm::Options {
                     kernels: Vec::new(),
                     timeout: Duration::from_secs(240),
@@ -138,9 +134,4 @@ fn main() -> anyhow::Result<()> {
             })
         }
     }
-}
-
-/// `CI=true` (or `1`): the kernel matrix runs as part of `test`.
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }

@@ -96,6 +96,5 @@ pub fn exec(program: &Path, args: &[String]) -> anyhow::Result<()> {
     Err(error).with_context(|| format!("cannot exec {}", program.display()))
 }
 
-pub fn is_root() -> bool {
-    output("id", &["-u"]).is_some_and(|uid| uid.trim() == "0")
-}
+/// Whether xtask runs as root (effective uid 0).
+pub use memwatch_test_support::env::is_root;

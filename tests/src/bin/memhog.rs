@@ -18,7 +18,7 @@ fn main() {
         .expect("usage: memhog MIB [HOLD_SECS]");
     let hold: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(60);
     let page = 4096;
-    let mark: Option<usize> = std::env::var("MEMHOG_MARK_MIB")
+    let mark: Option<usize> = std::env::var(memwatch_test_support::memhog::MARK_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
     let mut chunks: Vec<Vec<u8>> = Vec::new();

@@ -1,35 +1,27 @@
-//! `cargo xtask bench`: figures measured side by side in one run, printed
-//! as ratios. Each figure is a median over interleaved rounds, so a noisy
-//! neighbour hurts every configuration alike.
+//! `cargo xtask bench overhead`: the probe's cost on a page-fault-heavy
+//! workload and on a realistic one, beside no agent and an empty program.
+//! Each figure is a median over interleaved rounds, so a noisy neighbour
+//! hurts every configuration alike.
 
 use std::{
-    net::TcpListener,
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
+use memwatch_test_support::{http::http_get, metrics::metric, stats::median};
 
-use crate::shell;
+use super::{release_bins, start_agent};
 
 /// Rounds per configuration.
 const ROUNDS: usize = 5;
 
-pub fn run(which: Option<&str>) -> anyhow::Result<()> {
-    match which {
-        None | Some("overhead") => overhead(),
-        Some("delay") => crate::bench_delay::delay(),
-        Some("idle") => crate::bench_idle::idle(),
-        Some("storm") => crate::bench_storm::storm(),
-        Some(other) => bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm)"),
-    }
-}
-
 /// Probe overhead: no agent, an empty program on the growth hook, and the
 /// agent with its default probe, on a page-fault-heavy workload and on a
 /// realistic one (a parallel C build and a sort/compress data pipeline).
-fn overhead() -> anyhow::Result<()> {
+pub fn overhead() -> anyhow::Result<()> {
     let release = release_bins("the overhead benchmark loads the eBPF probe")?;
     let faultbench = release.join("faultbench");
     let memwatch = release.join("memwatch");
@@ -60,8 +52,8 @@ fn overhead() -> anyhow::Result<()> {
             for i in order {
                 let agent = match i {
                     0 => None,
-                    1 => Some(Agent::start(&memwatch, &["--probe-floor"])?),
-                    _ => Some(Agent::start(&memwatch, &[])?),
+                    1 => Some(start_agent(&memwatch, &["--probe-floor"])?),
+                    _ => Some(start_agent(&memwatch, &[])?),
                 };
                 let secs = workload()?;
                 drop(agent);
@@ -167,7 +159,7 @@ impl Drop for DataJob {
 /// Runs the workload once under an agent with BPF run-time statistics on,
 /// and reads `program`'s run count and run time from `/metrics`.
 fn program_cost(
-    memwatch: &std::path::Path,
+    memwatch: &Path,
     workload: &dyn Fn() -> anyhow::Result<f64>,
     extra: &[&str],
     program: &str,
@@ -176,20 +168,14 @@ fn program_cost(
     std::fs::write(&config, "bpf_stats = true\n")?;
     let mut args = vec!["--config", config.to_str().unwrap_or_default()];
     args.extend(extra);
-    let agent = Agent::start(memwatch, &args)?;
+    let agent = start_agent(memwatch, &args)?;
     workload()?;
     // The agent publishes program statistics every second.
     thread::sleep(Duration::from_millis(1500));
     let metrics = http_get(agent.port, "/metrics")?;
     drop(agent);
-    let value = |metric: &str| -> f64 {
-        let prefix = format!("{metric}{{program=\"{program}\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let value =
+        |name: &str| metric(&metrics, &format!("{name}{{program=\"{program}\"}}")).unwrap_or(0.0);
     Ok((
         program.to_string(),
         value("memwatch_probe_program_runs_total"),
@@ -197,16 +183,7 @@ fn program_cost(
     ))
 }
 
-/// Checks for root (saying why `what` needs it), builds the agent and the
-/// workload binaries in release, and returns their directory.
-pub fn release_bins(what: &str) -> anyhow::Result<std::path::PathBuf> {
-    if !shell::is_root() {
-        bail!("{what}: run it as root");
-    }
-    shell::build_bins(true)
-}
-
-fn time_workload(bin: &std::path::Path) -> anyhow::Result<f64> {
+fn time_workload(bin: &Path) -> anyhow::Result<f64> {
     let out = Command::new(bin)
         .output()
         .with_context(|| format!("run {}", bin.display()))?;
@@ -221,76 +198,4 @@ fn time_workload(bin: &std::path::Path) -> anyhow::Result<f64> {
         .trim()
         .parse()
         .context("faultbench prints seconds")
-}
-
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
-
-/// `memwatch run` on a free loopback port, ready; stopped on drop.
-pub struct Agent {
-    child: Child,
-    pub port: u16,
-}
-
-impl Agent {
-    pub fn start(bin: &std::path::Path, extra: &[&str]) -> anyhow::Result<Agent> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let state = std::env::temp_dir().join(format!("memwatch-bench-{port}"));
-        let child = Command::new(bin)
-            .args([
-                "run",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--state-dir",
-            ])
-            .arg(&state)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start memwatch run")?;
-        let agent = Agent { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !ready(port) {
-            if Instant::now() > deadline {
-                bail!("memwatch run not ready after 30 s");
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        Ok(agent)
-    }
-}
-
-impl Agent {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) to our own child; SIGTERM lets it drain and exit.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-/// `GET /ready` answers 200.
-fn ready(port: u16) -> bool {
-    http_get(port, "/ready").is_ok_and(|answer| {
-        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200")
-    })
-}
-
-/// A bare HTTP/1.0 GET on loopback (xtask keeps no HTTP client): the whole answer.
-pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    Ok(answer)
 }

@@ -14,12 +14,15 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use memwatch_test_support::process::wait_timeout;
 
-use crate::{
-    kernels_doc, shell,
-    vm_initramfs::{self, BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END},
-    vm_kernel::{self, Registry},
-};
+use crate::{kernels_doc, shell};
+
+mod initramfs;
+mod kernel;
+
+use initramfs::{BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END};
+use kernel::Registry;
 
 /// The kernel test binaries of the memwatch-tests crate.
 const KERNEL_TESTS: [&str; 3] = ["kernel_doctor", "kernel_oom", "kernel_watchdog"];
@@ -74,7 +77,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     ensure_tools()?;
 
     let kernels: Vec<String> = if options.kernels.is_empty() {
-        vm_kernel::DEFAULT_MATRIX.map(String::from).to_vec()
+        kernel::DEFAULT_MATRIX.map(String::from).to_vec()
     } else {
         options.kernels.clone()
     };
@@ -85,14 +88,14 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let needs_vm = kernels.iter().any(|k| k != "host");
     let accel = Accel::detect();
     let (registry, initramfs) = if needs_vm {
-        let contents = vm_initramfs::Contents {
+        let contents = initramfs::Contents {
             binaries: &binaries,
             tests: &tests,
             workdir: &workdir,
             memwatch: &memwatch,
             time_scale: accel.time_scale(),
         };
-        let cpio = vm_initramfs::build(&vm_dir, &contents)?;
+        let cpio = initramfs::build(&vm_dir, &contents)?;
         eprintln!(
             "xtask: vm-test: initramfs {} ({} MiB)",
             cpio.display(),
@@ -286,7 +289,7 @@ impl Accel {
 /// the exit line, the VM's end, or `timeout`.
 fn boot(
     spec: &str,
-    kernel: &vm_kernel::Kernel,
+    kernel: &kernel::Kernel,
     initramfs: &Path,
     accel: Accel,
     timeout: Duration,
@@ -372,7 +375,7 @@ fn boot(
                 console.take(line);
                 if console.exit.is_some() {
                     // The VM powers off by itself; give it a moment, no more.
-                    let _ = wait_bounded(&mut child, Duration::from_secs(10));
+                    let _ = wait_timeout(&mut child, Duration::from_secs(10));
                     break;
                 }
             }
@@ -419,7 +422,7 @@ fn on_host(tests: &[PathBuf], workdir: &Path, memwatch: &Path) -> Outcome {
     let started = Instant::now();
     let mut rc = 0;
     for test in tests {
-        let name = vm_initramfs::test_name(test);
+        let name = initramfs::test_name(test);
         eprintln!("xtask: vm-test: host: {name}");
         let out = Command::new(test)
             .arg("--show-output")
@@ -519,17 +522,6 @@ fn field(line: &str, key: &str) -> Option<String> {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(key))
         .map(str::to_string)
-}
-
-fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::io::Result<()> {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
 }
 
 fn summary(outcomes: &[Outcome], accel: Accel) -> String {

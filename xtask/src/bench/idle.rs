@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use crate::bench::{Agent, release_bins};
+use super::{release_bins, start_agent};
 
 const COUNTS: [usize; 3] = [100, 1_000, 10_000];
 /// Time left to the agent after start (its first walk of the hierarchy).
@@ -71,12 +71,13 @@ pub fn idle() -> anyhow::Result<()> {
         eprintln!("xtask: {count} cgroups made in {:?}", made.elapsed());
         let mut measured = Vec::new();
         for (name, bin) in &agents {
-            let agent = Agent::start(bin, &[])?;
+            let agent = start_agent(bin, &[])?;
+            let pid = agent.pid().context("the agent runs")?;
             thread::sleep(SETTLE);
-            let before = cpu_ticks(agent.pid())?;
+            let before = cpu_ticks(pid)?;
             thread::sleep(WINDOW);
-            let after = cpu_ticks(agent.pid())?;
-            let rss_kib = status_kib(agent.pid(), "VmRSS:")?;
+            let after = cpu_ticks(pid)?;
+            let rss_kib = status_kib(pid, "VmRSS:")?;
             drop(agent);
             let cpu = (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0;
             eprintln!("xtask: {count} cgroups, {name}: {cpu:.2}% of a core");

@@ -8,8 +8,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::{
@@ -21,9 +19,14 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use serde_json::Value;
+use memwatch_test_support::{
+    memhog,
+    process::{cgroup_exec_line, wait_timeout},
+    stats::quantile,
+    webhook::Receiver,
+};
 
-use crate::bench::{Agent, release_bins};
+use super::{release_bins, start_agent};
 
 /// Events of each kind measured.
 const EVENTS: usize = 100;
@@ -33,71 +36,6 @@ const MIB: u64 = 1 << 20;
 const MEMORY: &str = "/sys/fs/cgroup/memory";
 /// Poll intervals of the comparison pollers.
 const POLLS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
-
-/// Events received by the webhook: (arrival, event JSON).
-pub type Inbox = Arc<Mutex<Vec<(SystemTime, Value)>>>;
-
-/// A tiny HTTP/1.1 webhook on 127.0.0.1 that answers 204 to every POST.
-pub fn receiver() -> anyhow::Result<(u16, Inbox)> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let port = listener.local_addr()?.port();
-    let inbox: Inbox = Arc::default();
-    let sink = inbox.clone();
-    thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let sink = sink.clone();
-            thread::spawn(move || serve(stream, &sink));
-        }
-    });
-    Ok((port, inbox))
-}
-
-fn serve(stream: std::net::TcpStream, inbox: &Inbox) {
-    let mut writer = match stream.try_clone() {
-        Ok(w) => w,
-        Err(_) => return,
-    };
-    let mut reader = BufReader::new(stream);
-    loop {
-        let mut length = 0usize;
-        let mut line = String::new();
-        // Request line and headers.
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            if line == "\r\n" {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0u8; length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        let now = SystemTime::now();
-        if let Ok(json) = serde_json::from_slice::<Value>(&body) {
-            let events = match json {
-                Value::Array(events) => events,
-                one => vec![one],
-            };
-            let mut inbox = inbox.lock().unwrap_or_else(|e| e.into_inner());
-            inbox.extend(events.into_iter().map(|e| (now, e)));
-        }
-        if writer
-            .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
-            .is_err()
-        {
-            return;
-        }
-    }
-}
 
 /// Polls `files` every `interval`; records when `crossed(contents)` first holds.
 struct Poller {
@@ -173,16 +111,19 @@ struct Delays {
 
 pub fn delay() -> anyhow::Result<()> {
     let release = release_bins("the delay benchmark loads the eBPF probe and makes cgroups")?;
-    let (port, inbox) = receiver()?;
-    let hook = format!("http://127.0.0.1:{port}/hook");
-    let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;
-    let agent_url = format!("http://127.0.0.1:{}", agent.port);
+    let receiver = Receiver::start();
+    let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
+    let agent_url = agent.base_url();
 
-    let oom = measure(&inbox, "oom_kill", "memory.oom_control", oom_killed, |k| {
-        oom_batch(&release, k)
-    })?;
+    let oom = measure(
+        &receiver,
+        "oom_kill",
+        "memory.oom_control",
+        oom_killed,
+        |k| oom_batch(&release, k),
+    )?;
     let soft = measure(
-        &inbox,
+        &receiver,
         "soft_cap_exceeded",
         "memory.usage_in_bytes",
         over_soft_cap,
@@ -226,7 +167,7 @@ pub fn delay() -> anyhow::Result<()> {
 /// Runs `batch(k)` (which returns the cgroup directories it used) for each
 /// batch, with the pollers watching `file` in those directories.
 fn measure(
-    inbox: &Inbox,
+    receiver: &Receiver,
     kind: &str,
     file: &str,
     crossed: fn(&str) -> bool,
@@ -244,7 +185,7 @@ fn measure(
         // Give the slow poller one more interval and the webhook its delivery.
         thread::sleep(POLLS[1] + Duration::from_millis(200));
         let seen: Vec<_> = pollers.into_iter().map(Poller::finish).collect();
-        let received = inbox.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let received = receiver.events();
         for (dir, mark) in &used {
             let cgroup = dir.to_string_lossy();
             let Some((arrived, event)) = received
@@ -301,10 +242,9 @@ fn oom_kills(
         std::fs::write(dir.join("memory.limit_in_bytes"), (64 * MIB).to_string())?;
         let child = Command::new("sh")
             .arg("-c")
-            .arg(format!(
-                "echo $$ > {}/cgroup.procs && exec {} 128 1",
-                dir.display(),
-                release.join("memhog").display()
+            .arg(cgroup_exec_line(
+                &dir,
+                &format!("{} 128 1", release.join("memhog").display()),
             ))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -332,7 +272,7 @@ fn soft_cap_batch(
                 .args(["--task-id", &format!("bench-soft-{k}-{j}"), "--"])
                 .arg(release.join("memhog"))
                 .args(["48", "2"])
-                .env("MEMHOG_MARK_MIB", "32")
+                .env(memhog::MARK_ENV, "32")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
@@ -341,29 +281,23 @@ fn soft_cap_batch(
     let mut marks = Vec::new();
     for (j, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output()?;
-        let mark = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| l.strip_prefix("mark "))
-            .and_then(|ns| ns.trim().parse::<u64>().ok())
+        let mark = memhog::printed(&String::from_utf8_lossy(&out.stdout), "mark")
+            .and_then(|ns| u64::try_from(ns).ok())
             .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns));
         marks.push((batch_dir("soft_cap_exceeded", k, j), mark));
     }
     Ok(marks)
 }
 
+/// Waits for every child, all within `timeout` of the call.
 fn wait_all(children: Vec<std::process::Child>, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     for mut child in children {
-        loop {
-            if child.try_wait()?.is_some() {
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("a workload ran past {timeout:?}");
-            }
-            thread::sleep(Duration::from_millis(5));
+        let left = deadline.saturating_duration_since(Instant::now());
+        if wait_timeout(&mut child, left)?.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("a workload ran past {timeout:?}");
         }
     }
     Ok(())
@@ -374,14 +308,4 @@ pub fn ms(from: SystemTime, to: SystemTime) -> f64 {
         Ok(d) => d.as_secs_f64() * 1e3,
         Err(e) => -e.duration().as_secs_f64() * 1e3,
     }
-}
-
-/// Nearest-rank quantile; NaN when there are no samples.
-pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
-    samples[rank - 1]
 }

@@ -24,11 +24,12 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use memwatch_test_support::{stats::quantile, webhook::Receiver};
 
-use crate::{
-    bench::{Agent, release_bins},
-    bench_delay::{ms, oom_control_kills, quantile, receiver},
-    bench_idle::{clock_ticks, cpu_ticks, status_kib},
+use super::{
+    delay::{ms, oom_control_kills},
+    idle::{clock_ticks, cpu_ticks, status_kib},
+    release_bins, start_agent,
 };
 
 /// How long the storm lasts.
@@ -69,8 +70,7 @@ impl Drop for Cgroups {
 
 pub fn storm() -> anyhow::Result<()> {
     let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
-    let (port, inbox) = receiver()?;
-    let hook = format!("http://127.0.0.1:{port}/hook");
+    let receiver = Receiver::start();
 
     // Left over from an interrupted run: its cgroups would hold old counters.
     if Path::new(PARENT).exists() {
@@ -94,14 +94,14 @@ pub fn storm() -> anyhow::Result<()> {
         }
     }
 
-    let agent = Agent::start(&release.join("memwatch"), &["--webhook", &hook])?;
+    let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
+    let agent_pid = agent.pid().context("the agent runs")?;
     let ticks = clock_ticks();
-    let cpu_before = cpu_ticks(agent.pid())?;
+    let cpu_before = cpu_ticks(agent_pid)?;
     let children_before = children_cpu_ms();
     let started = Instant::now();
     let stop = AtomicBool::new(false);
     let stop_rss = AtomicBool::new(false);
-    let agent_pid = agent.pid();
     let (children, storm_rss_kib) = thread::scope(|scope| {
         // The agent's RSS through the storm (VmHWM also holds the probe's
         // load at start, a transient of its own).
@@ -144,7 +144,7 @@ pub fn storm() -> anyhow::Result<()> {
         }
     })?;
     let storm_secs = started.elapsed().as_secs_f64();
-    let cpu_storm = cpu_ticks(agent.pid())?;
+    let cpu_storm = cpu_ticks(agent_pid)?;
     let children_ms = children_cpu_ms() - children_before;
 
     let expected: HashMap<u32, &Path> = children
@@ -174,9 +174,8 @@ pub fn storm() -> anyhow::Result<()> {
                     .is_some_and(|c| c.starts_with(PARENT)))
     };
     loop {
-        let arrived: BTreeSet<u64> = inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let arrived: BTreeSet<u64> = receiver
+            .events()
             .iter()
             .filter(|(_, e)| ours(e))
             .filter_map(|(_, e)| e["pid"].as_u64())
@@ -187,12 +186,12 @@ pub fn storm() -> anyhow::Result<()> {
         thread::sleep(Duration::from_millis(100));
     }
     let drained_secs = started.elapsed().as_secs_f64();
-    let cpu_after = cpu_ticks(agent.pid())?;
-    let rss_kib = status_kib(agent.pid(), "VmRSS:")?;
-    let hwm_kib = status_kib(agent.pid(), "VmHWM:")?;
+    let cpu_after = cpu_ticks(agent_pid)?;
+    let rss_kib = status_kib(agent_pid, "VmRSS:")?;
+    let hwm_kib = status_kib(agent_pid, "VmHWM:")?;
     drop(agent);
 
-    let received = inbox.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let received = receiver.events();
     let mut deliveries: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_pid: HashMap<u32, BTreeSet<String>> = HashMap::new();
     let (mut misattributed, mut foreign) = (0usize, 0usize);

@@ -1,0 +1,49 @@
+//! Loopback ports and a bare HTTP GET (xtask keeps no HTTP client).
+
+use std::{
+    io::{self, Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    time::Duration,
+};
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port on 127.0.0.1")
+        .port()
+}
+
+/// `GET path` over HTTP/1.0 on 127.0.0.1:`port` (5 s timeouts): the whole
+/// answer, status line and headers included.
+pub fn http_get(port: u16, path: &str) -> io::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// The status code of an HTTP answer (`HTTP/1.x 200 OK…` → 200).
+pub fn status_code(answer: &str) -> Option<u16> {
+    let mut words = answer.lines().next()?.split_whitespace();
+    words
+        .next()
+        .filter(|v| v.starts_with("HTTP/"))
+        .and_then(|_| words.next()?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_code;
+
+    #[test]
+    fn status_line() {
+        assert_eq!(status_code("HTTP/1.1 200 OK\r\nx: y\r\n\r\n"), Some(200));
+        assert_eq!(status_code("HTTP/1.0 503 Service Unavailable"), Some(503));
+        assert_eq!(status_code("garbage"), None);
+        assert_eq!(status_code(""), None);
+    }
+}

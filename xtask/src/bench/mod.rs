@@ -1,0 +1,48 @@
+//! `cargo xtask bench`: figures measured side by side in one run, printed
+//! as ratios or quantiles (root: the agent loads its eBPF probe).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use memwatch_test_support::{
+    agent::{Agent, OnDrop, Options},
+    env::is_root,
+};
+
+use crate::shell;
+
+mod delay;
+mod idle;
+mod overhead;
+mod storm;
+
+pub fn run(which: Option<&str>) -> anyhow::Result<()> {
+    match which {
+        None | Some("overhead") => overhead::overhead(),
+        Some("delay") => delay::delay(),
+        Some("idle") => idle::idle(),
+        Some("storm") => storm::storm(),
+        Some(other) => bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm)"),
+    }
+}
+
+/// Checks for root (saying why `what` needs it), builds the agent and the
+/// workload binaries in release, and returns their directory.
+pub fn release_bins(what: &str) -> anyhow::Result<PathBuf> {
+    if !is_root() {
+        bail!("{what}: run it as root");
+    }
+    shell::build_bins(true)
+}
+
+/// `memwatch run <extra>` (the binary `bin`) on a free loopback port with
+/// a state directory of its own, ready; stopped with SIGTERM on drop. Its
+/// stderr is discarded, as in every measurement so far.
+pub fn start_agent(bin: &Path, extra: &[&str]) -> anyhow::Result<Agent> {
+    let options = Options {
+        args: extra.iter().map(|a| a.to_string()).collect(),
+        on_drop: OnDrop::Stop,
+        ..Options::default()
+    };
+    Ok(Agent::start(bin, &options)?)
+}
