@@ -162,43 +162,6 @@ pub struct EventsArgs {
     pub follow: bool,
 }
 
-#[cfg(test)]
-mod tests {
-    use clap::CommandFactory as _;
-
-    use super::*;
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn exec_takes_sizes_and_a_command() {
-        let cli =
-            Cli::try_parse_from(["memwatch", "exec", "--soft-cap", "64M", "--", "sleep", "1"])
-                .unwrap();
-        let Command::Exec(args) = cli.command else {
-            panic!()
-        };
-        assert_eq!(args.soft_cap, Some(64 << 20));
-        assert_eq!(args.command, ["sleep", "1"]);
-        let err =
-            Cli::try_parse_from(["memwatch", "exec", "--hard-cap", "lots", "--", "x"]).unwrap_err();
-        assert!(err.to_string().contains("`lots` is not a size"), "{err}");
-        assert!(
-            Cli::try_parse_from(["memwatch", "exec"]).is_err(),
-            "a command is required"
-        );
-    }
-
-    #[test]
-    fn bad_listen_address_is_rejected_with_the_flag_named() {
-        let err = Cli::try_parse_from(["memwatch", "run", "--listen", "nowhere"]).unwrap_err();
-        assert!(err.to_string().contains("--listen"), "{err}");
-    }
-}
-
 /// Exit status for configuration errors (clap uses 2 for bad flags too).
 const EXIT_CONFIG: u8 = 2;
 
@@ -233,5 +196,42 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
             eprintln!("memwatch: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_takes_sizes_and_a_command() {
+        let cli =
+            Cli::try_parse_from(["memwatch", "exec", "--soft-cap", "64M", "--", "sleep", "1"])
+                .unwrap();
+        let Command::Exec(args) = cli.command else {
+            panic!()
+        };
+        assert_eq!(args.soft_cap, Some(64 << 20));
+        assert_eq!(args.command, ["sleep", "1"]);
+        let err =
+            Cli::try_parse_from(["memwatch", "exec", "--hard-cap", "lots", "--", "x"]).unwrap_err();
+        assert!(err.to_string().contains("`lots` is not a size"), "{err}");
+        assert!(
+            Cli::try_parse_from(["memwatch", "exec"]).is_err(),
+            "a command is required"
+        );
+    }
+
+    #[test]
+    fn bad_listen_address_is_rejected_with_the_flag_named() {
+        let err = Cli::try_parse_from(["memwatch", "run", "--listen", "nowhere"]).unwrap_err();
+        assert!(err.to_string().contains("--listen"), "{err}");
     }
 }
