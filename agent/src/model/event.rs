@@ -1,4 +1,4 @@
-//! The events memwatch emits: the contract of ../shared/DESIGN.md.
+//! The events memwatch emits: the contract of docs/design.md and docs/events.md.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
