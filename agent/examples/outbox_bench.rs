@@ -9,13 +9,7 @@
 use std::time::{Duration, Instant};
 
 use memwatch::{
-    model::event::{EventBody, EventKind},
-    outbox::{Limits, Outbox},
-    sinks::{
-        delivery,
-        webhook::{WebhookConfig, WebhookSink},
-    },
-    telemetry::Metrics,
+    EventBody, EventKind, Metrics, Outbox, OutboxLimits as Limits, WebhookConfig, WebhookSink,
 };
 use memwatch_test_support::webhook::Receiver;
 
@@ -87,7 +81,7 @@ fn deliver_to_local_webhook(outbox: Outbox, metrics: Metrics, events: u64) -> (u
         let sink = WebhookSink::new(WebhookConfig::from_flag(0, &receiver.url()).unwrap()).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let start = Instant::now();
-        let delivering = tokio::spawn(delivery::run(sink, outbox, metrics, shutdown));
+        let delivering = tokio::spawn(memwatch::deliver(sink, outbox, metrics, shutdown));
         let deadline = start + Duration::from_secs(120);
         while (receiver.event_count() as u64) < events && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;

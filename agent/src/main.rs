@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use memwatch::cmd::{Cli, dispatch};
+use memwatch::{Cli, dispatch};
 
 #[tokio::main]
 async fn main() -> ExitCode {

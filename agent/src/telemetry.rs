@@ -7,25 +7,25 @@
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tracing_subscriber::EnvFilter;
 
-pub const OOM_KILLS_TOTAL: &str = "memwatch_oom_kills_total";
-pub const EVENTS_TOTAL: &str = "memwatch_events_total";
-pub const EVENTS_DROPPED_TOTAL: &str = "memwatch_events_dropped_total";
-pub const PROBE_READY: &str = "memwatch_probe_ready";
-pub const PROBE_SOURCE: &str = "memwatch_probe_source";
-pub const PROBE_KERNEL_TOTAL: &str = "memwatch_probe_kernel_total";
-pub const BUILD_INFO: &str = "memwatch_build_info";
-pub const WORKER_MEMORY_BYTES: &str = "memwatch_worker_memory_bytes";
-pub const WORKER_RESIDUAL_BYTES: &str = "memwatch_worker_residual_bytes";
-pub const WORKER_SOFT_CAP_BYTES: &str = "memwatch_worker_soft_cap_bytes";
-pub const WORKER_HEALTH: &str = "memwatch_worker_health";
-pub const WORKER_TRANSITIONS_TOTAL: &str = "memwatch_worker_transitions_total";
-pub const TASKS_RUNNING: &str = "memwatch_tasks_running";
-pub const TASK_REJECTIONS_TOTAL: &str = "memwatch_task_rejections_total";
-pub const SOFT_CAP_CROSSINGS_TOTAL: &str = "memwatch_soft_cap_crossings_total";
-pub const TASK_OOM_KILLS_TOTAL: &str = "memwatch_task_oom_kills_total";
-pub const GROWTH_LINES_TOTAL: &str = "memwatch_growth_lines_total";
-pub const PROGRAM_RUNS_TOTAL: &str = "memwatch_probe_program_runs_total";
-pub const PROGRAM_RUN_SECONDS_TOTAL: &str = "memwatch_probe_program_run_seconds_total";
+pub(crate) const OOM_KILLS_TOTAL: &str = "memwatch_oom_kills_total";
+pub(crate) const EVENTS_TOTAL: &str = "memwatch_events_total";
+pub(crate) const EVENTS_DROPPED_TOTAL: &str = "memwatch_events_dropped_total";
+pub(crate) const PROBE_READY: &str = "memwatch_probe_ready";
+pub(crate) const PROBE_SOURCE: &str = "memwatch_probe_source";
+pub(crate) const PROBE_KERNEL_TOTAL: &str = "memwatch_probe_kernel_total";
+pub(crate) const BUILD_INFO: &str = "memwatch_build_info";
+pub(crate) const WORKER_MEMORY_BYTES: &str = "memwatch_worker_memory_bytes";
+pub(crate) const WORKER_RESIDUAL_BYTES: &str = "memwatch_worker_residual_bytes";
+pub(crate) const WORKER_SOFT_CAP_BYTES: &str = "memwatch_worker_soft_cap_bytes";
+pub(crate) const WORKER_HEALTH: &str = "memwatch_worker_health";
+pub(crate) const WORKER_TRANSITIONS_TOTAL: &str = "memwatch_worker_transitions_total";
+pub(crate) const TASKS_RUNNING: &str = "memwatch_tasks_running";
+pub(crate) const TASK_REJECTIONS_TOTAL: &str = "memwatch_task_rejections_total";
+pub(crate) const SOFT_CAP_CROSSINGS_TOTAL: &str = "memwatch_soft_cap_crossings_total";
+pub(crate) const TASK_OOM_KILLS_TOTAL: &str = "memwatch_task_oom_kills_total";
+pub(crate) const GROWTH_LINES_TOTAL: &str = "memwatch_growth_lines_total";
+pub(crate) const PROGRAM_RUNS_TOTAL: &str = "memwatch_probe_program_runs_total";
+pub(crate) const PROGRAM_RUN_SECONDS_TOTAL: &str = "memwatch_probe_program_run_seconds_total";
 
 fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
     IntGaugeVec::new(Opts::new(name, help), labels)
@@ -34,17 +34,17 @@ fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGauge
 fn counter(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
     IntCounterVec::new(Opts::new(name, help), labels)
 }
-pub const OUTBOX_STORED: &str = "memwatch_outbox_stored_events";
-pub const OUTBOX_PENDING: &str = "memwatch_outbox_pending_events";
-pub const OUTBOX_UNPERSISTED_TOTAL: &str = "memwatch_outbox_unpersisted_total";
-pub const SINK_DELIVERED_TOTAL: &str = "memwatch_sink_delivered_total";
-pub const SINK_RETRIES_TOTAL: &str = "memwatch_sink_retries_total";
-pub const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
-pub const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
-pub const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_total";
+pub(crate) const OUTBOX_STORED: &str = "memwatch_outbox_stored_events";
+pub(crate) const OUTBOX_PENDING: &str = "memwatch_outbox_pending_events";
+pub(crate) const OUTBOX_UNPERSISTED_TOTAL: &str = "memwatch_outbox_unpersisted_total";
+pub(crate) const SINK_DELIVERED_TOTAL: &str = "memwatch_sink_delivered_total";
+pub(crate) const SINK_RETRIES_TOTAL: &str = "memwatch_sink_retries_total";
+pub(crate) const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
+pub(crate) const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
+pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_total";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
-pub fn init_logging(default_level: &str) {
+pub(crate) fn init_logging(default_level: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     // A second init (tests) is harmless: keep the first subscriber.

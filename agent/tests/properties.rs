@@ -9,13 +9,8 @@ use agent_common::{
 };
 use chrono::{DateTime, TimeDelta};
 use memwatch::{
-    cgroup::{CgroupVersion, MemoryHierarchy},
-    config::{Config, ConfigError, Overrides},
-    model::units::{Size, Span},
-    probe::{
-        ProbeEvent,
-        decode::{ClockPair, record},
-    },
+    CgroupVersion, ClockPair, Config, ConfigError, MemoryHierarchy, Overrides, ProbeEvent, Size,
+    Span, decode_record as record,
 };
 use proptest::prelude::*;
 

@@ -5,14 +5,8 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use memwatch::{
-    model::event::{Event, EventBody, EventKind},
-    outbox::Outbox,
-    sinks::{
-        config::{Delivery, Secret},
-        delivery,
-        webhook::{self, WebhookConfig},
-    },
-    telemetry::Metrics,
+    Delivery, EVENT_ID_HEADER, Event, EventBody, EventKind, Metrics, Outbox, SIGNATURE_HEADER,
+    Secret, WebhookConfig, WebhookSink,
 };
 use memwatch_test_support::{
     http::free_port,
@@ -57,9 +51,9 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
     let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
     let outbox = Outbox::open(state.path(), "h1", Default::default(), metrics.clone()).unwrap();
     let addr = free_addr();
-    let sink = webhook::WebhookSink::new(config(addr, None)).unwrap();
+    let sink = WebhookSink::new(config(addr, None)).unwrap();
     let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(delivery::run(
+    let task = tokio::spawn(memwatch::deliver(
         sink,
         outbox.clone(),
         metrics.clone(),
@@ -117,7 +111,7 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
         assert_eq!(request.header("content-type"), Some("application/json"));
         let batch: Vec<Event> = serde_json::from_slice(&request.body).unwrap();
         assert_eq!(
-            request.header(webhook::EVENT_ID_HEADER),
+            request.header(EVENT_ID_HEADER),
             Some(batch[0].id.as_str()),
             "the id header names the first event"
         );
@@ -139,7 +133,7 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
     assert!(
         requests
             .iter()
-            .all(|r| r.header(webhook::SIGNATURE_HEADER).is_none())
+            .all(|r| r.header(SIGNATURE_HEADER).is_none())
     );
     assert_eq!(
         metrics
@@ -165,9 +159,9 @@ async fn signed_batches_verify_with_the_shared_secret() {
     let receiver = Receiver::start();
     let addr = receiver.addr();
     let secret = "s3cret-key";
-    let sink = webhook::WebhookSink::new(config(addr, Some(secret))).unwrap();
+    let sink = WebhookSink::new(config(addr, Some(secret))).unwrap();
     let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(delivery::run(sink, outbox.clone(), metrics, stopped));
+    let task = tokio::spawn(memwatch::deliver(sink, outbox.clone(), metrics, stopped));
     for _ in 0..6 {
         outbox.append(EventBody::new(EventKind::Heartbeat), None);
     }
@@ -182,7 +176,7 @@ async fn signed_batches_verify_with_the_shared_secret() {
     assert!(requests.len() >= 2, "6 events in batches of 4");
     for request in requests.iter() {
         let header = request
-            .header(webhook::SIGNATURE_HEADER)
+            .header(SIGNATURE_HEADER)
             .expect("a signature header");
         let hex_mac = header.strip_prefix("sha256=").expect("sha256= prefix");
         // Verified as a receiver would: HMAC-SHA256 of the raw body, constant-time compare.

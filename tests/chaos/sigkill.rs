@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::model::event::EventKind;
+use memwatch::EventKind;
 use memwatch_test_support::webhook::Receiver;
 use memwatch_tests::{
     agent::Agent, assert_seq_increasing_and_ids_unique, kernel_tests_enabled, received_events,

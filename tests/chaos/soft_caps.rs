@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use memwatch::model::event::EventKind;
+use memwatch::EventKind;
 use memwatch_tests::{agent::Agent, exec_memhog_with_mark, kernel_tests_enabled, ms_after_mark};
 
 const TASKS: usize = 10;

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use memwatch::model::event::EventKind;
+use memwatch::EventKind;
 use memwatch_tests::{agent::Agent, assert_seq_increasing_and_ids_unique, kernel_tests_enabled};
 
 /// Tasks started and ended concurrently.

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::model::event::EventKind;
+use memwatch::EventKind;
 use memwatch_test_support::{metrics::metric, webhook::Receiver};
 use memwatch_tests::{
     agent::Agent, kernel_tests_enabled, received_events, tmpfs::Tmpfs, workspace_bin,

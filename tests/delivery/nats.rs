@@ -4,16 +4,7 @@
 use std::{collections::HashSet, time::Duration};
 
 use async_nats::jetstream::{self, message::PublishMessage};
-use memwatch::{
-    model::event::{Event, EventBody, EventKind},
-    outbox::Outbox,
-    sinks::{
-        config::Delivery,
-        delivery,
-        nats::{NatsConfig, NatsSink},
-    },
-    telemetry::Metrics,
-};
+use memwatch::{Delivery, Event, EventBody, EventKind, Metrics, NatsConfig, NatsSink, Outbox};
 use memwatch_test_support::{http::free_port, wait::wait_until_async};
 use memwatch_tests::nats::{NatsServer, nats_server_binary};
 use tokio::sync::watch;
@@ -48,7 +39,7 @@ async fn events_land_in_the_stream_exactly_once_across_a_nats_restart() {
         },
     });
     let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(delivery::run(
+    let task = tokio::spawn(memwatch::deliver(
         sink,
         outbox.clone(),
         metrics.clone(),

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::model::event::{Event, EventKind, OomConstraint};
+use memwatch::{Event, EventKind, OomConstraint};
 use memwatch_test_support::{agent::UNPRIVILEGED, metrics::metric, process::wait_timeout};
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in, workspace_bin,
@@ -165,14 +165,13 @@ fn oom_in_nested(
     name: &str,
 ) -> (
     TestCgroup,
-    memwatch::cgroup::OwnedCgroup,
+    memwatch::OwnedCgroup,
     u32,
     std::process::ExitStatus,
 ) {
     let parent = TestCgroup::create(name);
     parent.limit(64 * MIB);
-    let child =
-        memwatch::cgroup::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
+    let child = memwatch::OwnedCgroup::create(parent.path().join("child")).expect("child cgroup");
     let (pid, status) = oom_in(child.path());
     (parent, child, pid, status)
 }

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::model::event::{Event, EventKind};
+use memwatch::{Event, EventKind};
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
     kernel_tests_enabled, memhog_in, ms_after_mark, process::Guarded, workspace_bin,
@@ -355,8 +355,7 @@ async fn a_cgroup_matching_a_rule_is_a_task_the_moment_it_appears() {
     ))
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await; // past the first sampling round
-    let job =
-        memwatch::cgroup::OwnedCgroup::create(worker.path().join("job_1")).expect("job cgroup");
+    let job = memwatch::OwnedCgroup::create(worker.path().join("job_1")).expect("job cgroup");
     let made = chrono::Utc::now();
     let started = agent
         .wait_for_event(Duration::from_secs(2), "task_started", |e| {

@@ -5,7 +5,7 @@
 
 use std::{os::unix::fs::chown, process::Command, time::Duration};
 
-use memwatch::model::event::EventKind;
+use memwatch::EventKind;
 use memwatch_test_support::env::in_ci;
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in,

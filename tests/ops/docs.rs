@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use memwatch::model::event::EventKind;
+use memwatch::EventKind;
 use memwatch_tests::ops::{read, repo};
 
 /// `memwatch_*` names exported by the agent: the constants of telemetry.rs.

@@ -6,11 +6,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use memwatch::{
-    cgroup::{MemoryHierarchy, OwnedCgroup},
-    model::event::EventKind,
-    model::pod::QosClass,
-};
+use memwatch::{EventKind, MemoryHierarchy, OwnedCgroup, QosClass};
 use memwatch_tests::{agent::Agent, kernel_tests_enabled, memhog_in};
 
 const MIB: u64 = 1 << 20;

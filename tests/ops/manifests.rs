@@ -5,7 +5,7 @@
 
 use std::{fs, path::PathBuf};
 
-use memwatch::config::{Config, Overrides};
+use memwatch::{Config, Overrides};
 use memwatch_tests::ops::{self, documented_capabilities, kubernetes_validate, render_chart, repo};
 
 /// Kinds of the Prometheus operator: no schema ships for CRDs.

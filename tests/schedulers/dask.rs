@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::model::event::{Event, EventKind};
+use memwatch::{Event, EventKind};
 use memwatch_test_support::wait::wait_until_async;
 use memwatch_tests::{
     agent::Agent,

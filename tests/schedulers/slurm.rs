@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::model::event::EventKind;
+use memwatch::EventKind;
 use memwatch_test_support::wait::wait_until_every;
 use memwatch_tests::{
     agent::Agent,

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memwatch::model::event::Event;
+use memwatch::Event;
 use memwatch_test_support::{
     agent::{self as support, OnDrop, Options, UNPRIVILEGED},
     http::free_port,

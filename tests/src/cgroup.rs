@@ -3,7 +3,7 @@
 
 use std::{fs, path::Path};
 
-use memwatch::cgroup::{MemoryHierarchy, OwnedCgroup};
+use memwatch::{MemoryHierarchy, OwnedCgroup};
 use memwatch_test_support::process::cgroup_exec_line;
 
 pub struct TestCgroup {
@@ -18,7 +18,7 @@ impl TestCgroup {
             .root
             .join(format!("memwatch-test-{}-{name}", std::process::id()));
         if path.exists() {
-            memwatch::cgroup::kill_and_remove(&path).expect("remove a stale test cgroup");
+            memwatch::kill_and_remove(&path).expect("remove a stale test cgroup");
         }
         let inner = OwnedCgroup::create(path).expect("create the test cgroup");
         TestCgroup { inner }
@@ -47,7 +47,7 @@ impl TestCgroup {
 
     /// The cgroup's memory usage as the kernel counts it.
     pub fn usage(&self) -> u64 {
-        memwatch::cgroup::memory::working_set(self.path()).unwrap_or(0)
+        memwatch::working_set(self.path()).unwrap_or(0)
     }
 
     /// SIGKILLs every process in it (the cgroup stays).

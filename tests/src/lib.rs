@@ -19,7 +19,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use memwatch::model::event::Event;
+use memwatch::Event;
 use memwatch_test_support::{memhog, process::cgroup_exec_line, webhook::Receiver};
 
 /// Whether tests that need root and BPF can run here.

@@ -206,7 +206,7 @@ impl SlurmCluster {
     /// `Key=Value` fields of `scontrol show job <id>`.
     pub fn job(&self, id: u64) -> std::collections::BTreeMap<String, String> {
         let out = self.run("scontrol", &["show", "job", &id.to_string(), "-o"]);
-        memwatch::sinks::slurm::scontrol::fields(out.lines().next().unwrap_or(""))
+        memwatch::scontrol_fields(out.lines().next().unwrap_or(""))
     }
 
     /// Submits `script` (a file) with `--requeue`; the job id.

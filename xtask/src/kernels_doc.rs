@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::vm::Outcome;
 
-pub fn render(outcomes: &[Outcome], accel: &str) -> String {
+pub(crate) fn render(outcomes: &[Outcome], accel: &str) -> String {
     let mut out = String::from(
         "# Kernels memwatch is tested on\n\
          \n\

@@ -20,7 +20,7 @@ use crate::shell;
 /// Every top-level module of agent/src and its rank, lowest layer first. A
 /// module may import only modules of strictly lower rank. A new module goes
 /// here on purpose: one missing from this table is reported.
-pub const LAYERS: &[(&str, u8)] = &[
+pub(crate) const LAYERS: &[(&str, u8)] = &[
     // Leaf data: events, pod identity, health verdicts, the host worker, units, time.
     ("model", 0),
     // Metrics, logging.
@@ -49,32 +49,32 @@ pub const LAYERS: &[(&str, u8)] = &[
 
 /// Imports that break the rule on purpose: (from, to, why). Each needs its
 /// written reason.
-pub const ALLOWED: &[(&str, &str, &str)] = &[];
+pub(crate) const ALLOWED: &[(&str, &str, &str)] = &[];
 
 /// Crate roots (directly in agent/src): they may import anything, and are
 /// not scanned.
 const ROOTS: &[&str] = &["lib.rs", "main.rs"];
 
 /// The layer table and its exceptions.
-pub struct Rules<'a> {
+pub(crate) struct Rules<'a> {
     pub layers: &'a [(&'a str, u8)],
     pub allowed: &'a [(&'a str, &'a str, &'a str)],
 }
 
-pub const RULES: Rules<'static> = Rules {
+pub(crate) const RULES: Rules<'static> = Rules {
     layers: LAYERS,
     allowed: ALLOWED,
 };
 
 /// What a check found.
 #[derive(Debug)]
-pub struct Report {
+pub(crate) struct Report {
     pub files: usize,
     pub imports: usize,
     pub problems: Vec<String>,
 }
 
-pub fn run() -> anyhow::Result<()> {
+pub(crate) fn run() -> anyhow::Result<()> {
     let report = check(&shell::workspace_root(), &RULES)?;
     if report.problems.is_empty() {
         println!(
@@ -103,7 +103,7 @@ struct Import {
 }
 
 /// Checks `root`/agent/src against `rules`.
-pub fn check(root: &Path, rules: &Rules) -> anyhow::Result<Report> {
+pub(crate) fn check(root: &Path, rules: &Rules) -> anyhow::Result<Report> {
     let src = root.join("agent/src");
     let mut files = Vec::new();
     walk(&src, &mut files).with_context(|| format!("reading {}", src.display()))?;

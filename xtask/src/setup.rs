@@ -13,7 +13,7 @@ const NIGHTLY: &str = "nightly";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const LLVM_PACKAGE: &str = "llvm-22-dev";
 
-pub fn ensure() -> anyhow::Result<()> {
+pub(crate) fn ensure() -> anyhow::Result<()> {
     let started = Instant::now();
     shell::ensure_cargo_bin_on_path();
     ensure_nightly_rust_src()?;

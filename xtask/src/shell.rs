@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// The workspace root (this crate's parent directory).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
@@ -18,7 +18,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// `$CARGO_HOME/bin` (default `~/.cargo/bin`), where `cargo install` puts bpf-linker.
-pub fn cargo_bin_dir() -> PathBuf {
+pub(crate) fn cargo_bin_dir() -> PathBuf {
     env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")))
@@ -28,7 +28,7 @@ pub fn cargo_bin_dir() -> PathBuf {
 
 /// Puts `$CARGO_HOME/bin` on PATH for every child, so aya-build finds
 /// bpf-linker even when the caller's PATH lacks it.
-pub fn ensure_cargo_bin_on_path() {
+pub(crate) fn ensure_cargo_bin_on_path() {
     let bin = cargo_bin_dir();
     let path = env::var_os("PATH").unwrap_or_default();
     if !env::split_paths(&path).any(|p| p == bin) {
@@ -40,7 +40,7 @@ pub fn ensure_cargo_bin_on_path() {
 }
 
 /// Runs a command in the workspace root; fails on a non-zero exit.
-pub fn run<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> anyhow::Result<()> {
+pub(crate) fn run<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> anyhow::Result<()> {
     let program = program.as_ref();
     let shown = format!(
         "{} {}",
@@ -63,13 +63,13 @@ pub fn run<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> anyhow::R
 }
 
 /// Runs cargo (the one that runs xtask).
-pub fn cargo<S: AsRef<OsStr>>(args: &[S]) -> anyhow::Result<()> {
+pub(crate) fn cargo<S: AsRef<OsStr>>(args: &[S]) -> anyhow::Result<()> {
     run(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()), args)
 }
 
 /// Builds the agent and the test crate's binaries (memhog, faultbench...),
 /// in release or debug, and returns their directory.
-pub fn build_bins(release: bool) -> anyhow::Result<PathBuf> {
+pub(crate) fn build_bins(release: bool) -> anyhow::Result<PathBuf> {
     let mut args = vec!["build", "--locked"];
     if release {
         args.push("--release");
@@ -81,7 +81,7 @@ pub fn build_bins(release: bool) -> anyhow::Result<PathBuf> {
 }
 
 /// A command's stdout, or `None` when it cannot run or fails.
-pub fn output<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Option<String> {
+pub(crate) fn output<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
     out.status
         .success()
@@ -89,7 +89,7 @@ pub fn output<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Option
 }
 
 /// Replaces this process with `program` (so signals reach it directly).
-pub fn exec(program: &Path, args: &[String]) -> anyhow::Result<()> {
+pub(crate) fn exec(program: &Path, args: &[String]) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt as _;
     eprintln!("xtask: $ {} {}", program.display(), args.join(" "));
     let error = Command::new(program).args(args).exec();
@@ -97,4 +97,4 @@ pub fn exec(program: &Path, args: &[String]) -> anyhow::Result<()> {
 }
 
 /// Whether xtask runs as root (effective uid 0).
-pub use memwatch_test_support::env::is_root;
+pub(crate) use memwatch_test_support::env::is_root;

@@ -8,7 +8,7 @@ use crate::shell;
 /// which only build for the bpf target (agent/build.rs does that).
 const HOST_CRATES: [&str; 3] = ["--workspace", "--exclude", "agent-ebpf"];
 
-pub fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
+pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
     let started = Instant::now();
     if lint {
         shell::cargo(&["fmt", "--all", "--check"])?;

@@ -12,7 +12,7 @@ use super::{ApiError, AppState};
 
 /// Lets the request through when no token is configured or the request
 /// carries `Authorization: Bearer <token>`; 401 otherwise.
-pub async fn require_token(
+pub(super) async fn require_token(
     State(state): State<AppState>,
     request: Request,
     next: Next,

@@ -11,19 +11,19 @@ use super::{ApiError, AppState};
 use crate::model::event::Event;
 
 /// Events per page when `limit` is not given.
-pub const DEFAULT_LIMIT: usize = 100;
+pub(super) const DEFAULT_LIMIT: usize = 100;
 /// The most events one page returns.
-pub const MAX_LIMIT: usize = 1000;
+pub(super) const MAX_LIMIT: usize = 1000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EventsQuery {
+pub(super) struct EventsQuery {
     #[serde(default)]
     after: u64,
     limit: Option<usize>,
 }
 
-pub async fn list(
+pub(super) async fn list(
     State(state): State<AppState>,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Json<Vec<Event>>, ApiError> {

@@ -15,7 +15,7 @@ use crate::{
 
 /// The answer of `/health` (served by the API, read by `memwatch status`).
 #[derive(Debug, Serialize, Deserialize)]
-pub struct HealthBody {
+pub(crate) struct HealthBody {
     pub status: Health,
     pub reasons: Vec<String>,
     /// Per-worker verdicts with their figures.
@@ -27,7 +27,7 @@ pub struct HealthBody {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HealthQuery {
+pub(crate) struct HealthQuery {
     /// Only this worker's verdict (and the agent's own).
     worker: Option<String>,
 }
@@ -36,7 +36,7 @@ pub struct HealthQuery {
 /// The status is the worst of the agent's own and every worker's (or the
 /// one named by `?worker=`): a scheduler polling it gets the same verdicts
 /// as the events say.
-pub async fn health(
+pub(crate) async fn health(
     State(state): State<AppState>,
     query: Result<Query<HealthQuery>, QueryRejection>,
 ) -> Result<(StatusCode, Json<HealthBody>), ApiError> {
@@ -68,7 +68,7 @@ pub async fn health(
 }
 
 /// 200 once the event source runs (the probe is attached), 503 before.
-pub async fn ready(State(state): State<AppState>) -> (StatusCode, &'static str) {
+pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, &'static str) {
     if state.probe().ready() {
         (StatusCode::OK, "ready\n")
     } else {
@@ -77,6 +77,6 @@ pub async fn ready(State(state): State<AppState>) -> (StatusCode, &'static str) 
 }
 
 /// The process answers: for a liveness probe, never tied to worker health.
-pub async fn live() -> &'static str {
+pub(crate) async fn live() -> &'static str {
     "alive\n"
 }

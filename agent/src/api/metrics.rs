@@ -9,7 +9,7 @@ use prometheus::{Encoder as _, TextEncoder};
 
 use super::{ApiError, AppState};
 
-pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+pub(super) async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let encoder = TextEncoder::new();
     let mut body = Vec::new();
     encoder

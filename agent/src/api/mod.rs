@@ -2,10 +2,10 @@
 
 mod auth;
 mod events;
-pub mod health;
+pub(crate) mod health;
 mod metrics;
 mod status;
-pub mod tasks;
+pub(crate) mod tasks;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -27,7 +27,7 @@ use crate::{
 
 /// What the handlers share.
 #[derive(Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     pub outbox: Outbox,
     pub registry: Registry,
     pub probe: Arc<Mutex<ProbeState>>,
@@ -39,12 +39,12 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn probe(&self) -> MutexGuard<'_, ProbeState> {
+    pub(crate) fn probe(&self) -> MutexGuard<'_, ProbeState> {
         self.probe.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let mutating = Router::new()
         .route("/v1/tasks", post(tasks::create))
         .route("/v1/tasks/{task_id}", delete(tasks::delete))
@@ -67,13 +67,13 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// A JSON error body: `{"error": "..."}`.
-pub struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),

@@ -5,6 +5,6 @@ use axum::{Json, extract::State};
 use super::AppState;
 use crate::daemon::status::AgentStatus;
 
-pub async fn status(State(state): State<AppState>) -> Json<AgentStatus> {
+pub(super) async fn status(State(state): State<AppState>) -> Json<AgentStatus> {
     Json((state.status)())
 }

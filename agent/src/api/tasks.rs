@@ -19,14 +19,14 @@ use crate::{
 };
 
 /// Largest accepted request body.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Longest task id or worker name.
 const MAX_NAME_LEN: usize = 256;
 
 /// The registration body (contract in DESIGN.md). Unknown fields are errors.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NewTask {
+pub(crate) struct NewTask {
     pub task_id: String,
     pub worker: Option<String>,
     pub pid: Option<u32>,
@@ -35,7 +35,7 @@ pub struct NewTask {
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct TaskAnswer {
+pub(crate) struct TaskAnswer {
     /// `accepted`, `flagged` or `rejected`.
     pub verdict: String,
     pub task_id: String,
@@ -44,7 +44,7 @@ pub struct TaskAnswer {
     pub reason: Option<String>,
 }
 
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<AppState>,
     body: Result<Json<NewTask>, JsonRejection>,
 ) -> Result<(StatusCode, Json<TaskAnswer>), ApiError> {
@@ -70,7 +70,7 @@ pub async fn create(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EndQuery {
+pub(crate) struct EndQuery {
     /// The task's exit status, when the caller knows it.
     exit_code: Option<i32>,
     /// `true` when the caller saw the task OOM-killed.
@@ -78,7 +78,7 @@ pub struct EndQuery {
     oom_killed: bool,
 }
 
-pub async fn delete(
+pub(crate) async fn delete(
     State(state): State<AppState>,
     Path(task_id): Path<String>,
     query: Result<Query<EndQuery>, QueryRejection>,
@@ -98,7 +98,7 @@ pub async fn delete(
         .map_err(watchdog_error)
 }
 
-pub async fn reset(
+pub(crate) async fn reset(
     State(state): State<AppState>,
     Path(worker): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {

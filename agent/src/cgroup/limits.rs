@@ -19,13 +19,13 @@ use crate::model::event::OomConstraint;
 
 /// How close to the limit the peak must be: a 2 MiB huge page, the largest
 /// single charge the fault path makes.
-pub const SLACK_BYTES: u64 = 2 << 20;
+pub(crate) const SLACK_BYTES: u64 = 2 << 20;
 /// At or above this, a v1 limit is "unlimited" (PAGE_COUNTER_MAX pages).
 const UNLIMITED: u64 = 1 << 62;
 
 /// `(constraint, limit_cgroup)` for a victim in `victim_cgroup`, searching
 /// no higher than `root` (the hierarchy's mount point, never itself limited).
-pub fn oom_limit(victim_cgroup: &Path, root: &Path) -> (OomConstraint, Option<PathBuf>) {
+pub(crate) fn oom_limit(victim_cgroup: &Path, root: &Path) -> (OomConstraint, Option<PathBuf>) {
     let mut dir = Some(victim_cgroup);
     while let Some(cgroup) = dir.filter(|d| d.starts_with(root) && *d != root) {
         if at_limit(cgroup) {

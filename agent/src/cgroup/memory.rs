@@ -17,7 +17,7 @@ pub fn working_set(cgroup: &Path) -> io::Result<u64> {
 }
 
 /// The value of `key` in a `memory.stat`-style file.
-pub fn stat_value(stat: &str, key: &str) -> Option<u64> {
+pub(crate) fn stat_value(stat: &str, key: &str) -> Option<u64> {
     stat.lines().find_map(|line| {
         let (k, v) = line.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
@@ -36,7 +36,7 @@ fn read_u64(path: &Path) -> io::Result<u64> {
 
 /// The cgroup's own soft cap: v2 `memory.high`, v1 `memory.soft_limit_in_bytes`;
 /// `None` when unset or unlimited.
-pub fn soft_cap(cgroup: &Path) -> Option<u64> {
+pub(crate) fn soft_cap(cgroup: &Path) -> Option<u64> {
     // Values this large mean "no limit" on v1 (PAGE_COUNTER_MAX pages).
     const UNLIMITED: u64 = 1 << 62;
     let text = fs::read_to_string(cgroup.join("memory.high"))

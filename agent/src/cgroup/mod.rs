@@ -14,9 +14,9 @@ use std::{
 
 use procfs::process::MountInfo;
 
-pub mod limits;
-pub mod memory;
-pub mod oom;
+pub(crate) mod limits;
+pub(crate) mod memory;
+pub(crate) mod oom;
 
 /// Which cgroup version carries the memory controller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -115,28 +115,28 @@ impl MemoryHierarchy {
 /// when a task registers it). The cache is bounded: past
 /// [`CgroupResolver::MAX_ENTRIES`] it forgets cgroups that are gone.
 #[derive(Debug)]
-pub struct CgroupResolver {
+pub(crate) struct CgroupResolver {
     hierarchy: MemoryHierarchy,
     by_id: HashMap<u64, PathBuf>,
 }
 
 impl CgroupResolver {
-    pub const MAX_ENTRIES: usize = 100_000;
+    pub(crate) const MAX_ENTRIES: usize = 100_000;
 
-    pub fn new(hierarchy: MemoryHierarchy) -> Self {
+    pub(crate) fn new(hierarchy: MemoryHierarchy) -> Self {
         Self {
             hierarchy,
             by_id: HashMap::new(),
         }
     }
 
-    pub fn hierarchy(&self) -> &MemoryHierarchy {
+    pub(crate) fn hierarchy(&self) -> &MemoryHierarchy {
         &self.hierarchy
     }
 
     /// The cgroup's directory, or `None` when it was never seen and does
     /// not exist now.
-    pub fn resolve(&mut self, id: u64) -> Option<PathBuf> {
+    pub(crate) fn resolve(&mut self, id: u64) -> Option<PathBuf> {
         if let Some(path) = self.by_id.get(&id) {
             return Some(path.clone());
         }
@@ -144,16 +144,11 @@ impl CgroupResolver {
         self.by_id.get(&id).cloned()
     }
 
-    /// Whether the id was seen (the cgroup may be gone since).
-    pub fn knows(&self, id: u64) -> bool {
-        self.by_id.contains_key(&id)
-    }
-
     /// Learns a cgroup the kernel just made (from the cgroup_mkdir probe):
     /// `relative` is its path below the hierarchy's root. Kept only when
     /// that directory of the memory hierarchy has this id (the same name
     /// may exist in other hierarchies). Returns its full path then.
-    pub fn learn(&mut self, id: u64, relative: &str) -> Option<PathBuf> {
+    pub(crate) fn learn(&mut self, id: u64, relative: &str) -> Option<PathBuf> {
         let path = self.hierarchy.root.join(relative.trim_start_matches('/'));
         (inode(&path) == Some(id)).then(|| {
             self.by_id.insert(id, path.clone());
@@ -162,13 +157,13 @@ impl CgroupResolver {
     }
 
     /// The path an id had, without walking (for removed cgroups).
-    pub fn known_path(&self, id: u64) -> Option<&Path> {
+    pub(crate) fn known_path(&self, id: u64) -> Option<&Path> {
         self.by_id.get(&id).map(PathBuf::as_path)
     }
 
     /// Records a cgroup the agent was told about (a task's), so it resolves
     /// even if it is removed before the next walk.
-    pub fn remember(&mut self, path: &Path) {
+    pub(crate) fn remember(&mut self, path: &Path) {
         if let Some(id) = inode(path) {
             self.by_id.insert(id, path.to_path_buf());
         }
@@ -278,7 +273,6 @@ mod tests {
             "another hierarchy's cgroup"
         );
         assert_eq!(learner.learn(made_id, "/made"), Some(made.clone()));
-        assert!(learner.knows(made_id));
         fs::remove_dir(&made).unwrap();
         assert_eq!(learner.known_path(made_id), Some(made.as_path()));
     }

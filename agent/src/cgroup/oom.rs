@@ -12,10 +12,10 @@ use tracing::warn;
 use super::{CgroupVersion, MemoryHierarchy};
 
 /// Most cgroups looked at in one scan (a bound on a runaway hierarchy).
-pub const MAX_CGROUPS: usize = 100_000;
+pub(crate) const MAX_CGROUPS: usize = 100_000;
 
 /// The kernel's OOM-kill counter of every memory cgroup, by path.
-pub fn read_oom_counts(hierarchy: &MemoryHierarchy) -> BTreeMap<String, u64> {
+pub(crate) fn read_oom_counts(hierarchy: &MemoryHierarchy) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     let mut stack: Vec<PathBuf> = vec![hierarchy.root.clone()];
     let mut seen = 0;
@@ -46,7 +46,7 @@ pub fn read_oom_counts(hierarchy: &MemoryHierarchy) -> BTreeMap<String, u64> {
 
 /// `oom_kill N` of one cgroup: kills of its own tasks only (v2's
 /// `memory.events` also counts those of every descendant).
-pub fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
+pub(crate) fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
     let files: &[&str] = match version {
         CgroupVersion::V1 => &["memory.oom_control"],
         CgroupVersion::V2 => &["memory.events.local", "memory.events"],
@@ -61,7 +61,7 @@ pub fn oom_kills(dir: &Path, version: CgroupVersion) -> Option<u64> {
 
 /// The kernel's OOM-kill count for a cgroup's own tasks (see
 /// [`oom_kills`]), whichever cgroup version it is on.
-pub fn oom_kill_count(cgroup: &Path) -> Option<u64> {
+pub(crate) fn oom_kill_count(cgroup: &Path) -> Option<u64> {
     let version = if cgroup.join("memory.oom_control").exists() {
         CgroupVersion::V1
     } else {
@@ -73,7 +73,7 @@ pub fn oom_kill_count(cgroup: &Path) -> Option<u64> {
 /// Cgroups whose kill counter grew between two readings, as
 /// `(cgroup, before, after)`. A cgroup new since `before` started at 0; a
 /// counter that went down is a new cgroup under an old name.
-pub fn grown<'a>(
+pub(crate) fn grown<'a>(
     before: &BTreeMap<String, u64>,
     now: &'a BTreeMap<String, u64>,
 ) -> Vec<(&'a str, u64, u64)> {

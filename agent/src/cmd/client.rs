@@ -16,20 +16,20 @@ use crate::{
 /// Bound on one request to the agent.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub struct AgentClient {
+pub(crate) struct AgentClient {
     base: String,
     token: Option<String>,
     http: reqwest::Client,
 }
 
 /// What the agent said to a registration.
-pub enum Registered {
+pub(crate) enum Registered {
     Accepted(TaskAnswer),
     Rejected(TaskAnswer),
 }
 
 impl AgentClient {
-    pub fn new(args: &AgentArgs) -> anyhow::Result<Self> {
+    pub(crate) fn new(args: &AgentArgs) -> anyhow::Result<Self> {
         let token = match (&args.token, &args.token_file) {
             (Some(token), _) => Some(token.clone()),
             (None, Some(path)) => Some(
@@ -50,10 +50,6 @@ impl AgentClient {
         })
     }
 
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let builder = self.http.request(method, format!("{}{path}", self.base));
         match &self.token {
@@ -72,17 +68,17 @@ impl AgentClient {
     }
 
     /// `GET /health` (its 503 is an answer too).
-    pub async fn health(&self) -> anyhow::Result<HealthBody> {
+    pub(crate) async fn health(&self) -> anyhow::Result<HealthBody> {
         self.get("/health").await
     }
 
     /// `GET /v1/status`.
-    pub async fn status(&self) -> anyhow::Result<AgentStatus> {
+    pub(crate) async fn status(&self) -> anyhow::Result<AgentStatus> {
         self.get("/v1/status").await
     }
 
     /// `GET /v1/events`: up to `limit` events after seq `after`.
-    pub async fn events(&self, after: u64, limit: u64) -> anyhow::Result<Vec<Event>> {
+    pub(crate) async fn events(&self, after: u64, limit: u64) -> anyhow::Result<Vec<Event>> {
         self.get(&format!("/v1/events?after={after}&limit={limit}"))
             .await
     }
@@ -101,7 +97,7 @@ impl AgentClient {
             .with_context(|| format!("agent's answer to {path} does not parse"))
     }
 
-    pub async fn register(&self, body: &serde_json::Value) -> anyhow::Result<Registered> {
+    pub(crate) async fn register(&self, body: &serde_json::Value) -> anyhow::Result<Registered> {
         let response = self
             .send(self.request(reqwest::Method::POST, "/v1/tasks").json(body))
             .await?;
@@ -116,7 +112,7 @@ impl AgentClient {
         }
     }
 
-    pub async fn finish(
+    pub(crate) async fn finish(
         &self,
         task_id: &str,
         exit_code: Option<i32>,

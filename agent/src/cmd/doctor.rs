@@ -17,7 +17,7 @@ use crate::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum State {
+pub(crate) enum State {
     Ok,
     /// Works, with a caveat.
     Warn,
@@ -26,7 +26,7 @@ pub enum State {
 }
 
 #[derive(Debug, serde::Serialize)]
-pub struct Check {
+pub(crate) struct Check {
     pub name: String,
     pub state: State,
     pub detail: String,
@@ -43,7 +43,7 @@ fn check(name: impl Into<String>, state: State, detail: impl Into<String>) -> Ch
 /// Everything the doctor found, for `memwatch doctor --json` (what
 /// `cargo xtask vm-test` writes docs/kernels.md from).
 #[derive(Debug, serde::Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// `uname -r`.
     pub kernel: String,
     /// Whether `memwatch run` would find a usable source.
@@ -60,15 +60,8 @@ pub struct Report {
     pub rows: Vec<Check>,
 }
 
-/// Runs every check; the last row is the verdict. Returns the rows and
-/// whether `memwatch run` would find a usable source.
-pub fn diagnose(btf_path: &Path) -> (Vec<Check>, bool) {
-    let report = report(btf_path);
-    (report.rows, report.usable)
-}
-
 /// Runs every check, and loads and attaches the probe as `run` would.
-pub fn report(btf_path: &Path) -> Report {
+pub(crate) fn report(btf_path: &Path) -> Report {
     let mut rows = Vec::new();
     let mut victim_form = None;
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -253,7 +246,7 @@ pub fn report(btf_path: &Path) -> Report {
 }
 
 /// `memwatch doctor`: the table (or `--json`); exit 1 when no source is usable.
-pub fn run(args: &super::DoctorArgs) -> std::process::ExitCode {
+pub(crate) fn run(args: &super::DoctorArgs) -> std::process::ExitCode {
     let report = report(&args.btf_path);
     if args.json {
         match serde_json::to_string_pretty(&report) {
@@ -270,7 +263,7 @@ pub fn run(args: &super::DoctorArgs) -> std::process::ExitCode {
     }
 }
 
-pub fn render(rows: &[Check]) -> String {
+pub(crate) fn render(rows: &[Check]) -> String {
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);
     let mut out = String::new();
     for row in rows {
@@ -318,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_missing_btf_file_is_a_named_failure_and_polling_is_left() {
-        let (rows, usable) = diagnose(Path::new("/nonexistent/vmlinux"));
+        let Report { rows, usable, .. } = report(Path::new("/nonexistent/vmlinux"));
         let btf = rows.iter().find(|r| r.name == "BTF").unwrap();
         assert_eq!(btf.state, State::Fail);
         assert!(

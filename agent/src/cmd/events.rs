@@ -7,7 +7,7 @@ use super::{EventsArgs, client::AgentClient};
 /// Pause between polls with `--follow` when nothing new came.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(250);
 
-pub async fn run(args: &EventsArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: &EventsArgs) -> anyhow::Result<()> {
     let client = AgentClient::new(&args.agent)?;
     let mut after = args.after;
     let mut stdout = std::io::stdout().lock();

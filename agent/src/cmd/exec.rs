@@ -20,16 +20,16 @@ use crate::{
 
 /// The agent rejected the task: its worker is unhealthy (EX_TEMPFAIL: try
 /// elsewhere).
-pub const EXIT_REJECTED: u8 = 75;
+pub(crate) const EXIT_REJECTED: u8 = 75;
 /// The agent could not be asked, or refused the request (EX_UNAVAILABLE).
-pub const EXIT_AGENT_UNAVAILABLE: u8 = 69;
+pub(crate) const EXIT_AGENT_UNAVAILABLE: u8 = 69;
 /// The task's cgroup could not be made (EX_OSERR).
-pub const EXIT_SETUP: u8 = 71;
+pub(crate) const EXIT_SETUP: u8 = 71;
 /// As shells do: found but not runnable, and not found.
-pub const EXIT_CANNOT_RUN: u8 = 126;
-pub const EXIT_NOT_FOUND: u8 = 127;
+pub(crate) const EXIT_CANNOT_RUN: u8 = 126;
+pub(crate) const EXIT_NOT_FOUND: u8 = 127;
 
-pub async fn exec(args: &ExecArgs) -> u8 {
+pub(crate) async fn exec(args: &ExecArgs) -> u8 {
     let client = match AgentClient::new(&args.agent) {
         Ok(client) => client,
         Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),

@@ -1,12 +1,12 @@
 //! The command line (the contract: docs/design.md): the arguments of every
 //! command, and [`dispatch`] to the command's own module.
 
-pub mod client;
-pub mod doctor;
-pub mod events;
-pub mod exec;
-pub mod run;
-pub mod status;
+pub(crate) mod client;
+pub(crate) mod doctor;
+pub(crate) mod events;
+pub(crate) mod exec;
+pub(crate) mod run;
+pub(crate) mod status;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 

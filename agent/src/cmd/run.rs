@@ -13,7 +13,7 @@ use crate::{
     daemon::{Daemon, SHUTDOWN_GRACE},
 };
 
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
     let signal = shutdown_signal()?;
     let mut daemon = Daemon::start(config).await?;
     let listen = daemon.config().listen;

@@ -11,7 +11,7 @@ use crate::{
     },
 };
 
-pub async fn run(args: &StatusArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let client = AgentClient::new(&args.agent)?;
     let health = client.health().await?;
     let status = client.status().await?;

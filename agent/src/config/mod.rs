@@ -13,7 +13,7 @@ use std::{
 
 use serde::Deserialize;
 
-pub use self::kubernetes::{Kubernetes, KubernetesFile};
+pub(crate) use self::kubernetes::{Kubernetes, KubernetesFile};
 use crate::{
     model::{
         spec::{
@@ -27,12 +27,12 @@ use crate::{
 };
 
 /// Where the outbox database lives unless told otherwise.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/memwatch";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/memwatch";
 /// How often a heartbeat event is appended.
-pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Default API address: loopback only, so nothing is exposed by accident.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
 
 /// The agent's settings after every source is merged.
 #[derive(Clone, Debug, PartialEq)]
@@ -127,7 +127,7 @@ impl Default for Config {
 /// The config file as written. Every key is optional; unknown keys are errors.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
+pub(crate) struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub node_name: Option<String>,
     pub state_dir: Option<PathBuf>,
@@ -156,7 +156,7 @@ pub struct FileConfig {
 /// `[[worker]]`: exactly one of `cgroup`, `pid`, `process`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WorkerConfig {
+pub(crate) struct WorkerConfig {
     pub name: String,
     pub cgroup: Option<PathBuf>,
     pub pid: Option<u32>,
@@ -171,7 +171,7 @@ pub struct WorkerConfig {
 /// `[[rule]]`: cgroups matching a glob become tasks of a worker.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RuleConfig {
+pub(crate) struct RuleConfig {
     pub worker: String,
     pub cgroup: String,
     pub soft_cap: Option<Size>,

@@ -14,7 +14,7 @@ use crate::{
 
 /// Appends a heartbeat every `interval` (the first one after one interval)
 /// until `shutdown` turns true.
-pub async fn run(
+pub(crate) async fn run(
     recorder: Recorder,
     interval: Duration,
     status: StatusFn,

@@ -4,13 +4,13 @@
 //! until a signal; [`Daemon::shutdown`] detaches, drains and saves, in that
 //! order. `cmd::run` serves the HTTP API beside it.
 
-pub mod heartbeat;
-pub mod monitor;
-pub mod pipeline;
-pub mod reconcile;
-pub mod sampler;
+pub(crate) mod heartbeat;
+pub(crate) mod monitor;
+pub(crate) mod pipeline;
+pub(crate) mod reconcile;
+pub(crate) mod sampler;
 mod source;
-pub mod status;
+pub(crate) mod status;
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
@@ -63,9 +63,9 @@ const OOM_RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 /// How often expired events are removed from the outbox.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How long the pipeline and each sink may take to stop at shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-pub struct Daemon {
+pub(crate) struct Daemon {
     config: Config,
     registry: Registry,
     metrics: Metrics,
@@ -89,7 +89,7 @@ impl Daemon {
     /// Everything but the kernel side: validates privileges, opens the
     /// state directory, finds the memory hierarchy, starts the monitor and
     /// the sinks. Fails with the key or capability to fix.
-    pub async fn start(config: Config) -> anyhow::Result<Self> {
+    pub(crate) async fn start(config: Config) -> anyhow::Result<Self> {
         // Before anything is created on disk: a run that cannot attach must
         // say why, not fail on a state directory it may not write either.
         let missing = privilege::missing_for_tracing();
@@ -156,31 +156,27 @@ impl Daemon {
         })
     }
 
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.config
     }
 
-    pub fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         &self.registry
     }
 
-    pub fn outbox(&self) -> &Outbox {
+    pub(crate) fn outbox(&self) -> &Outbox {
         self.recorder.outbox()
     }
 
-    pub fn recorder(&self) -> &Recorder {
-        &self.recorder
-    }
-
-    pub fn monitor(&self) -> &Arc<Monitor> {
+    pub(crate) fn monitor(&self) -> &Arc<Monitor> {
         &self.monitor
     }
 
-    pub fn probe_state(&self) -> &Arc<Mutex<ProbeState>> {
+    pub(crate) fn probe_state(&self) -> &Arc<Mutex<ProbeState>> {
         &self.probe_state
     }
 
-    pub fn status(&self) -> &StatusFn {
+    pub(crate) fn status(&self) -> &StatusFn {
         &self.status
     }
 
@@ -190,7 +186,10 @@ impl Daemon {
 
     /// Attaches the event source, reports what was missed while the agent
     /// was down, then does the periodic work until `stop` resolves.
-    pub async fn run(&mut self, stop: impl Future<Output = &'static str>) -> anyhow::Result<()> {
+    pub(crate) async fn run(
+        &mut self,
+        stop: impl Future<Output = &'static str>,
+    ) -> anyhow::Result<()> {
         self.attach().await?;
         let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
         let mut oom_ticker = tokio::time::interval(OOM_COUNTS_INTERVAL);
@@ -285,7 +284,7 @@ impl Daemon {
     /// the sinks between attempts (what they had not delivered is sent at
     /// the next start: their cursors are in the state directory), and saves
     /// the OOM counters and any event held in memory.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         if let Some(source) = self.source.take() {
             source.stop().await;
         }

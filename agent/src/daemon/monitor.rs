@@ -31,7 +31,7 @@ use crate::{
     },
 };
 
-pub struct Monitor {
+pub(crate) struct Monitor {
     watchdog: Mutex<Watchdog>,
     reader: Arc<dyn MemoryReader>,
     recorder: Recorder,
@@ -56,7 +56,7 @@ pub struct Monitor {
 
 impl Monitor {
     /// Workers without a configured soft cap take their cgroup's own.
-    pub fn new(
+    pub(crate) fn new(
         mut workers: Vec<WorkerSpec>,
         settings: Settings,
         rules: Vec<Rule>,
@@ -98,18 +98,18 @@ impl Monitor {
     }
 
     /// Mount point of the memory hierarchy.
-    pub fn cgroup_root(&self) -> PathBuf {
+    pub(crate) fn cgroup_root(&self) -> PathBuf {
         self.resolver().hierarchy().root.clone()
     }
 
     /// The path of a memory cgroup id (see [`CgroupResolver`]).
-    pub fn resolve_cgroup(&self, id: u64) -> Option<PathBuf> {
+    pub(crate) fn resolve_cgroup(&self, id: u64) -> Option<PathBuf> {
         self.resolver().resolve(id)
     }
 
     /// Hands the kernel the soft caps of every worker and task with a
     /// cgroup, now and as tasks come and go.
-    pub fn attach_kernel_watch(&self, watch: Arc<dyn KernelWatch>) {
+    pub(crate) fn attach_kernel_watch(&self, watch: Arc<dyn KernelWatch>) {
         if self.kernel_watch.set(watch).is_err() {
             return;
         }
@@ -155,14 +155,14 @@ impl Monitor {
     }
 
     /// Notified when the kernel saw a cap crossed: sample at once.
-    pub fn sample_now(&self) -> Arc<Notify> {
+    pub(crate) fn sample_now(&self) -> Arc<Notify> {
         self.sample_now.clone()
     }
 
     /// A line crossed in the kernel: counted; a cap crossing (up or down)
     /// wakes the sampling loop, so the checks run within milliseconds
     /// instead of at the next `sample_interval`.
-    pub fn growth_line(&self, line: &GrowthLine) {
+    pub(crate) fn growth_line(&self, line: &GrowthLine) {
         self.recorder
             .metrics()
             .growth_lines
@@ -187,7 +187,7 @@ impl Monitor {
 
     /// Registers a task after reading its worker's memory and its running
     /// tasks'. The task's soft cap defaults to its cgroup's own.
-    pub fn register(&self, mut req: TaskRequest) -> Result<Registration, WatchdogError> {
+    pub(crate) fn register(&self, mut req: TaskRequest) -> Result<Registration, WatchdogError> {
         if let Some(MemorySource::Cgroup(path)) = &req.source {
             self.resolver().remember(path);
             if req.soft_cap.is_none() {
@@ -230,7 +230,11 @@ impl Monitor {
         Ok(registration)
     }
 
-    pub fn finish(&self, task_id: &str, outcome: TaskOutcome) -> Result<TaskView, WatchdogError> {
+    pub(crate) fn finish(
+        &self,
+        task_id: &str,
+        outcome: TaskOutcome,
+    ) -> Result<TaskView, WatchdogError> {
         let mut watchdog = self.lock();
         let now = Instant::now();
         let (view, events) = watchdog.finish(task_id, outcome, now)?;
@@ -240,7 +244,7 @@ impl Monitor {
         Ok(view)
     }
 
-    pub fn reset(&self, worker: &str) -> Result<(), WatchdogError> {
+    pub(crate) fn reset(&self, worker: &str) -> Result<(), WatchdogError> {
         let mut watchdog = self.lock();
         let events = watchdog.reset(worker)?;
         info!(%worker, "operator reset");
@@ -250,7 +254,7 @@ impl Monitor {
     }
 
     /// One sampling round: cgroup rules, then every worker and task.
-    pub fn tick(&self) {
+    pub(crate) fn tick(&self) {
         self.scan_rules();
         let (workers, tasks) = self.lock().sources();
         let sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &tasks);
@@ -264,7 +268,7 @@ impl Monitor {
     /// Names the task and worker of an OOM victim; stores the task's end.
     /// Returns (task_id, worker) for the `oom_kill` event, which the caller
     /// stores first, then the task's end is appended after it.
-    pub fn attribute_oom(
+    pub(crate) fn attribute_oom(
         &self,
         cgroup: Option<&Path>,
         pid: u32,
@@ -282,21 +286,21 @@ impl Monitor {
     }
 
     /// The cgroups of the OOM kills seen since the last call.
-    pub fn take_oom_cgroups(&self) -> BTreeSet<PathBuf> {
+    pub(crate) fn take_oom_cgroups(&self) -> BTreeSet<PathBuf> {
         std::mem::take(&mut *self.oom_cgroups.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Records events the watchdog decided at `decided`, stamped with that
     /// instant's wall time (not the time they reach the outbox: intervals
     /// between events are the ones the policy measured).
-    pub fn store(&self, events: impl IntoIterator<Item = EventBody>, decided: Instant) {
+    pub(crate) fn store(&self, events: impl IntoIterator<Item = EventBody>, decided: Instant) {
         let time = crate::model::time::wall_time(decided);
         for body in events {
             self.recorder.record(body, Some(time));
         }
     }
 
-    pub fn workers(&self) -> Vec<WorkerView> {
+    pub(crate) fn workers(&self) -> Vec<WorkerView> {
         let mut workers = self.lock().workers();
         for w in &mut workers {
             w.kernel_usage_bytes = self.kernel_usage_of(&format!("worker:{}", w.name));
@@ -304,7 +308,7 @@ impl Monitor {
         workers
     }
 
-    pub fn tasks(&self) -> Vec<TaskView> {
+    pub(crate) fn tasks(&self) -> Vec<TaskView> {
         let mut tasks = self.lock().tasks(Instant::now());
         for t in &mut tasks {
             t.kernel_usage_bytes = self.kernel_usage_of(&t.task_id);
@@ -325,13 +329,13 @@ impl Monitor {
             .copied()
     }
 
-    pub fn finished_tasks(&self) -> Vec<TaskView> {
+    pub(crate) fn finished_tasks(&self) -> Vec<TaskView> {
         self.lock().finished_tasks().cloned().collect()
     }
 
     /// A cgroup made or removed (from the probe): learn its path at once,
     /// and start or end the rule task it is, without waiting for a tick.
-    pub fn cgroup_changed(&self, change: &CgroupChange) {
+    pub(crate) fn cgroup_changed(&self, change: &CgroupChange) {
         if change.removed {
             let gone = self.resolver().known_path(change.id).map(Path::to_path_buf);
             let Some(path) = gone else { return };

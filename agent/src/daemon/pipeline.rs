@@ -15,12 +15,12 @@ use crate::{
 };
 
 /// Bound of the queue between the ring-buffer reader and the pipeline.
-pub const PROBE_QUEUE: usize = 4096;
+pub(crate) const PROBE_QUEUE: usize = 4096;
 /// Most `oom_kill` events made from one polled counter jump (a storm
 /// between two readings is summed up in the last one's reason).
 const MAX_KILLS_PER_READING: u64 = 100;
 
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     pub monitor: Arc<Monitor>,
     pub recorder: Recorder,
     /// Scheduler names of processes (Dask addresses), for `oom_kill` events.
@@ -29,13 +29,13 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Runs until every sender is gone.
-    pub async fn run(mut self, mut rx: mpsc::Receiver<ProbeEvent>) {
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<ProbeEvent>) {
         while let Some(event) = rx.recv().await {
             self.handle(event);
         }
     }
 
-    pub fn handle(&mut self, event: ProbeEvent) {
+    pub(crate) fn handle(&mut self, event: ProbeEvent) {
         match event {
             ProbeEvent::Cgroup(change) => self.monitor.cgroup_changed(&change),
             ProbeEvent::Growth(line) => self.monitor.growth_line(&line),

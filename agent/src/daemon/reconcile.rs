@@ -36,14 +36,14 @@ use crate::{
 
 /// The OOM counters the agent keeps and saves: reported at start, read
 /// again where kills were seen, walked in full now and then.
-pub struct OomBook {
+pub(crate) struct OomBook {
     counters: OomCounters,
     /// The last save failed: save at the next chance even without a change.
     unsaved: bool,
 }
 
 /// Which OOM counters to read before saving.
-pub enum OomScan {
+pub(crate) enum OomScan {
     /// Those of the cgroups where kills were seen.
     Cgroups(BTreeSet<PathBuf>),
     /// Every memory cgroup's.
@@ -54,7 +54,10 @@ impl OomBook {
     /// Reports the OOM kills the kernel counted while the agent was down
     /// (as `oom_kill` events with a `recovered` reason), then saves the
     /// counters.
-    pub async fn open(hierarchy: &MemoryHierarchy, recorder: &Recorder) -> anyhow::Result<Self> {
+    pub(crate) async fn open(
+        hierarchy: &MemoryHierarchy,
+        recorder: &Recorder,
+    ) -> anyhow::Result<Self> {
         let h = hierarchy.clone();
         let counts = tokio::task::spawn_blocking(move || read_oom_counts(&h))
             .await
@@ -79,13 +82,13 @@ impl OomBook {
     }
 
     /// True when a save is owed even without new kills.
-    pub fn unsaved(&self) -> bool {
+    pub(crate) fn unsaved(&self) -> bool {
         self.unsaved
     }
 
     /// Reads the OOM counters `scan` names and saves them when they changed
     /// (or an earlier save failed).
-    pub async fn save(&mut self, outbox: &Outbox, scan: OomScan) {
+    pub(crate) async fn save(&mut self, outbox: &Outbox, scan: OomScan) {
         let mut copy = self.counters.clone();
         let read = tokio::task::spawn_blocking(move || {
             let changed = match &scan {
@@ -109,14 +112,14 @@ impl OomBook {
 /// The agent's copy of the kernel's OOM-kill counters, the one it saves:
 /// non-zero counters only, by cgroup path.
 #[derive(Clone, Debug)]
-pub struct OomCounters {
+pub(crate) struct OomCounters {
     hierarchy: MemoryHierarchy,
     counts: BTreeMap<String, u64>,
 }
 
 impl OomCounters {
     /// A copy of `counts` (a full reading), without the zeros.
-    pub fn new(hierarchy: MemoryHierarchy, counts: BTreeMap<String, u64>) -> Self {
+    pub(crate) fn new(hierarchy: MemoryHierarchy, counts: BTreeMap<String, u64>) -> Self {
         Self {
             hierarchy,
             counts: nonzero(counts),
@@ -124,13 +127,13 @@ impl OomCounters {
     }
 
     /// What to save.
-    pub fn counts(&self) -> &BTreeMap<String, u64> {
+    pub(crate) fn counts(&self) -> &BTreeMap<String, u64> {
         &self.counts
     }
 
     /// Reads the counters of `cgroups` again (where kills were just seen);
     /// a cgroup gone since is dropped. True when anything changed.
-    pub fn refresh(&mut self, cgroups: &BTreeSet<PathBuf>) -> bool {
+    pub(crate) fn refresh(&mut self, cgroups: &BTreeSet<PathBuf>) -> bool {
         let mut changed = false;
         for dir in cgroups {
             let key = dir.display().to_string();
@@ -146,7 +149,7 @@ impl OomCounters {
 
     /// Walks the whole hierarchy (kills no live event named, cgroups
     /// removed since). True when anything changed.
-    pub fn rescan(&mut self) -> bool {
+    pub(crate) fn rescan(&mut self) -> bool {
         let now = nonzero(read_oom_counts(&self.hierarchy));
         let changed = now != self.counts;
         self.counts = now;
@@ -161,7 +164,7 @@ fn nonzero(mut counts: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
 
 /// The events for kills counted since `saved`. Nothing without a saved
 /// baseline: on a first run, no one knows when the kernel's counts grew.
-pub fn recovered_kills(
+pub(crate) fn recovered_kills(
     saved: Option<&BTreeMap<String, u64>>,
     now: &BTreeMap<String, u64>,
 ) -> Vec<EventBody> {

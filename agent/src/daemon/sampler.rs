@@ -12,7 +12,7 @@ use procfs::Current as _;
 use crate::{cgroup::memory, model::spec::MemorySource, watchdog::policy::Sample};
 
 /// Reads memory figures; a trait so the agent loop can be tested with fakes.
-pub trait MemoryReader: Send + Sync {
+pub(crate) trait MemoryReader: Send + Sync {
     fn read(&self, source: &MemorySource) -> io::Result<u64>;
     /// The cgroup's own soft cap: v2 `memory.high`, v1 `memory.soft_limit_in_bytes`.
     fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64>;
@@ -20,7 +20,7 @@ pub trait MemoryReader: Send + Sync {
 
 /// Reads the running system.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SystemReader;
+pub(crate) struct SystemReader;
 
 impl MemoryReader for SystemReader {
     fn read(&self, source: &MemorySource) -> io::Result<u64> {
@@ -42,7 +42,7 @@ impl MemoryReader for SystemReader {
 
 /// Reads every source; unreadable ones are left out of the sample (the
 /// watchdog skips their checks rather than act on a guess).
-pub fn sample(
+pub(crate) fn sample(
     reader: &dyn MemoryReader,
     workers: &[(String, MemorySource)],
     tasks: &[(String, MemorySource)],
@@ -137,19 +137,19 @@ mod tests {
 
 /// A reader with set figures, for tests of everything above the sampler.
 #[cfg(test)]
-pub mod fake {
+pub(crate) mod fake {
     use std::sync::Mutex;
 
     use super::*;
 
     #[derive(Default)]
-    pub struct FakeReader {
+    pub(crate) struct FakeReader {
         pub memory: Mutex<HashMap<MemorySource, u64>>,
         pub caps: Mutex<HashMap<std::path::PathBuf, u64>>,
     }
 
     impl FakeReader {
-        pub fn set(&self, source: MemorySource, bytes: u64) {
+        pub(crate) fn set(&self, source: MemorySource, bytes: u64) {
             self.memory.lock().unwrap().insert(source, bytes);
         }
     }

@@ -23,7 +23,7 @@ use crate::{
 /// every worker and running task with memory and caps, recently finished
 /// tasks, and the outbox with its per-sink backlog.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct AgentStatus {
+pub(crate) struct AgentStatus {
     pub version: String,
     pub host: String,
     /// `ebpf` or `poll`; null until a source runs.
@@ -38,9 +38,9 @@ pub struct AgentStatus {
 }
 
 /// Produces the status. Cheap enough to call on each request.
-pub type StatusFn = Arc<dyn Fn() -> AgentStatus + Send + Sync>;
+pub(crate) type StatusFn = Arc<dyn Fn() -> AgentStatus + Send + Sync>;
 
-pub fn agent_status(
+pub(crate) fn agent_status(
     host: String,
     probe: Arc<Mutex<ProbeState>>,
     outbox: Outbox,
@@ -68,7 +68,11 @@ pub fn agent_status(
 /// The host's verdict: the worst of the agent's own (probe, outbox, state
 /// directory) and the given workers', with every reason. `/health`, the
 /// status and heartbeats all say this one.
-pub fn overall(probe: &ProbeState, outbox: &OutboxStatus, workers: &[WorkerView]) -> Verdict {
+pub(crate) fn overall(
+    probe: &ProbeState,
+    outbox: &OutboxStatus,
+    workers: &[WorkerView],
+) -> Verdict {
     let mut verdict = self_health::assess(probe, Instant::now());
     self_health::assess_outbox(
         outbox.persist_error.as_deref(),

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// The health of a worker, or of the agent itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Health {
+pub(crate) enum Health {
     Healthy,
     /// Something is off, not yet enough to stop sending work.
     Degraded,
@@ -15,13 +15,13 @@ pub enum Health {
 
 /// A health with every reason behind it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub status: Health,
     pub reasons: Vec<String>,
 }
 
 impl Verdict {
-    pub fn healthy() -> Self {
+    pub(crate) fn healthy() -> Self {
         Self {
             status: Health::Healthy,
             reasons: Vec::new(),
@@ -29,7 +29,7 @@ impl Verdict {
     }
 
     /// Adds a reason and raises the status to at least `status`.
-    pub fn add(&mut self, status: Health, reason: impl Into<String>) {
+    pub(crate) fn add(&mut self, status: Health, reason: impl Into<String>) {
         self.status = self.status.max(status);
         self.reasons.push(reason.into());
     }

@@ -2,10 +2,10 @@
 //! worker and task specs, units, and decision time. Imports nothing of the
 //! crate's own.
 
-pub mod event;
-pub mod health;
-pub mod pod;
-pub mod source;
-pub mod spec;
-pub mod time;
-pub mod units;
+pub(crate) mod event;
+pub(crate) mod health;
+pub(crate) mod pod;
+pub(crate) mod source;
+pub(crate) mod spec;
+pub(crate) mod time;
+pub(crate) mod units;

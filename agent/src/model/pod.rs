@@ -29,7 +29,7 @@ pub enum QosClass {
 
 /// What a kubelet cgroup path says about the pod (and container) in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodCgroup {
+pub(crate) struct PodCgroup {
     /// The pod's UID, with dashes (`metadata.uid`).
     pub pod_uid: String,
     /// The runtime's container id, when the path is a container's.
@@ -39,7 +39,7 @@ pub struct PodCgroup {
 
 /// Reads the pod, container and QoS class from a cgroup path; `None` when
 /// the path is not under a kubelet pod cgroup.
-pub fn parse(path: &str) -> Option<PodCgroup> {
+pub(crate) fn parse(path: &str) -> Option<PodCgroup> {
     let mut parts = path.split('/').filter(|p| !p.is_empty());
     parts.find(|p| is_kubepods_root(p))?;
     let mut next = parts.next()?;
@@ -64,7 +64,7 @@ pub fn parse(path: &str) -> Option<PodCgroup> {
 
 /// Fills `pod_uid`, `container_id` and `qos_class` from the event's
 /// `cgroup`, when it is a pod's.
-pub fn annotate(body: &mut EventBody) {
+pub(crate) fn annotate(body: &mut EventBody) {
     let Some(pod) = body.cgroup.as_deref().and_then(parse) else {
         return;
     };
@@ -76,7 +76,7 @@ pub fn annotate(body: &mut EventBody) {
 /// The built-in rules behind `[kubernetes] pod_tasks`: every pod cgroup
 /// under the memory hierarchy `root`, of either driver and any QoS class,
 /// is a task of `worker` (its containers are not tasks of their own).
-pub fn pod_rules(root: &Path, worker: &str) -> Vec<Rule> {
+pub(crate) fn pod_rules(root: &Path, worker: &str) -> Vec<Rule> {
     [
         "kubepods.slice/kubepods-pod*.slice",
         "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice",

@@ -5,7 +5,7 @@ use std::fmt;
 /// Which source produces the event stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum SourceKind {
+pub(crate) enum SourceKind {
     /// eBPF programs in the kernel.
     Ebpf,
     /// Polling the cgroup files (no eBPF).
@@ -13,7 +13,7 @@ pub enum SourceKind {
 }
 
 impl SourceKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Ebpf => "ebpf",
             Self::Poll => "poll",

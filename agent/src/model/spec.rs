@@ -29,11 +29,11 @@ impl MemorySource {
 }
 
 /// Name of the implicit worker when none is configured: the whole host.
-pub const HOST_WORKER: &str = "host";
+pub(crate) const HOST_WORKER: &str = "host";
 /// A worker above its soft cap this long, with no task growing, is unhealthy.
-pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// An unhealthy worker below its soft cap this long is healthy again.
-pub const DEFAULT_RECOVER_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_RECOVER_AFTER: Duration = Duration::from_secs(30);
 
 /// A worker: something that runs tasks for a scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,7 +117,7 @@ impl Default for Settings {
 
 /// A task registration (`POST /v1/tasks`, `memwatch exec`, a cgroup rule).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TaskRequest {
+pub(crate) struct TaskRequest {
     pub task_id: String,
     /// `None`: the default worker.
     pub worker: Option<String>,
@@ -129,7 +129,7 @@ pub struct TaskRequest {
 /// How a task ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
-pub enum TaskOutcome {
+pub(crate) enum TaskOutcome {
     /// The client said it ended (DELETE), with the exit status when known.
     Ended { exit_code: Option<i32> },
     /// A process of the task was OOM-killed.
@@ -139,7 +139,7 @@ pub enum TaskOutcome {
 }
 
 impl TaskOutcome {
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Self::Ended {
                 exit_code: Some(code),

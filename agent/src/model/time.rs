@@ -40,13 +40,13 @@ impl Anchor {
 
 /// Converts instants to wall time through one anchor (see the module doc).
 #[derive(Debug, Default)]
-pub struct WallClock {
+pub(crate) struct WallClock {
     anchor: Mutex<Option<Anchor>>,
 }
 
 impl WallClock {
     /// The wall time of `instant`, with the clocks read now.
-    pub fn wall_time(&self, instant: Instant) -> DateTime<Utc> {
+    pub(crate) fn wall_time(&self, instant: Instant) -> DateTime<Utc> {
         self.wall_time_with(instant, Instant::now(), Utc::now())
     }
 
@@ -71,7 +71,7 @@ impl WallClock {
 }
 
 /// The process's one wall clock for decision instants.
-pub fn wall_time(instant: Instant) -> DateTime<Utc> {
+pub(crate) fn wall_time(instant: Instant) -> DateTime<Utc> {
     static CLOCK: WallClock = WallClock {
         anchor: Mutex::new(None),
     };

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub mod store;
+pub(crate) mod store;
 
 use self::store::{Store, StoreError};
 use crate::{
@@ -36,13 +36,13 @@ use crate::{
 };
 
 /// Default number of events kept.
-pub const DEFAULT_CAPACITY: usize = 100_000;
+pub(crate) const DEFAULT_CAPACITY: usize = 100_000;
 /// Default age after which an event is removed (seven days).
-pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Events held in memory while the state directory cannot be written.
-pub const PENDING_CAPACITY: usize = 10_000;
+pub(crate) const PENDING_CAPACITY: usize = 10_000;
 /// The name of the policy applied when a bound is reached.
-pub const DROP_POLICY: &str = "drop_low_priority_first";
+pub(crate) const DROP_POLICY: &str = "drop_low_priority_first";
 
 /// How big the outbox may grow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

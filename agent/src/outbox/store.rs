@@ -15,7 +15,7 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 use crate::model::event::{Event, Priority};
 
 /// The database file inside the state directory.
-pub const FILE_NAME: &str = "outbox.sqlite";
+pub(crate) const FILE_NAME: &str = "outbox.sqlite";
 
 /// How long a statement waits for a lock held by another connection
 /// (there is one writer, so only a second agent on the same dir waits).
@@ -70,13 +70,13 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
 }
 
-pub struct Store {
+pub(crate) struct Store {
     conn: Connection,
 }
 
 impl Store {
     /// Opens (creating when needed) `dir/outbox.sqlite`, and `dir` itself.
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+    pub(crate) fn open(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
             path: dir.to_path_buf(),
             source,
@@ -108,14 +108,14 @@ impl Store {
 
     /// A store that lives in memory only (tests, and callers that need no
     /// durability).
-    pub fn in_memory() -> Result<Self, StoreError> {
+    pub(crate) fn in_memory() -> Result<Self, StoreError> {
         let conn = Connection::open_in_memory()?;
         conn.execute_batch(SCHEMA)?;
         Ok(Self { conn })
     }
 
     /// The highest seq ever stored (0 for a new file).
-    pub fn last_seq(&self) -> Result<u64, StoreError> {
+    pub(crate) fn last_seq(&self) -> Result<u64, StoreError> {
         let meta: Option<i64> = self
             .conn
             .query_row("SELECT value FROM meta WHERE key = ?1", [LAST_SEQ], |r| {
@@ -129,7 +129,7 @@ impl Store {
     }
 
     /// Stores `events` (in seq order) in one transaction: all or none.
-    pub fn insert(&mut self, events: &[Event], stored_ms: i64) -> Result<(), StoreError> {
+    pub(crate) fn insert(&mut self, events: &[Event], stored_ms: i64) -> Result<(), StoreError> {
         let Some(last) = events.last() else {
             return Ok(());
         };
@@ -160,14 +160,14 @@ impl Store {
     /// Moves the write-ahead log into the database and truncates it: on a
     /// full disk this gives back the log's space, which otherwise only a
     /// successful commit would (SQLite checkpoints after commits).
-    pub fn checkpoint(&self) -> Result<(), StoreError> {
+    pub(crate) fn checkpoint(&self) -> Result<(), StoreError> {
         self.conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     }
 
     /// Up to `limit` events with `seq > after`, oldest first.
-    pub fn read(&self, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+    pub(crate) fn read(&self, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT json FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
@@ -182,7 +182,7 @@ impl Store {
     }
 
     /// Events stored.
-    pub fn count(&self) -> Result<u64, StoreError> {
+    pub(crate) fn count(&self) -> Result<u64, StoreError> {
         let n: i64 = self
             .conn
             .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?;
@@ -190,7 +190,7 @@ impl Store {
     }
 
     /// Events stored with `seq > after`.
-    pub fn count_after(&self, after: u64) -> Result<u64, StoreError> {
+    pub(crate) fn count_after(&self, after: u64) -> Result<u64, StoreError> {
         let n: i64 = self.conn.query_row(
             "SELECT COUNT(*) FROM events WHERE seq > ?1",
             [after as i64],
@@ -201,7 +201,7 @@ impl Store {
 
     /// Removes `n` events in drop order (lowest priority first, oldest
     /// first within a priority); returns the seqs removed.
-    pub fn remove_in_drop_order(&mut self, n: u64) -> Result<Vec<u64>, StoreError> {
+    pub(crate) fn remove_in_drop_order(&mut self, n: u64) -> Result<Vec<u64>, StoreError> {
         let tx = self.conn.transaction()?;
         let seqs = select_seqs(
             &tx,
@@ -215,7 +215,7 @@ impl Store {
 
     /// Removes events stored before `cutoff_ms`, critical ones only when no
     /// event of a lower priority is left at all; returns the seqs removed.
-    pub fn remove_stored_before(&mut self, cutoff_ms: i64) -> Result<Vec<u64>, StoreError> {
+    pub(crate) fn remove_stored_before(&mut self, cutoff_ms: i64) -> Result<Vec<u64>, StoreError> {
         let tx = self.conn.transaction()?;
         let critical = Priority::Critical as i64;
         let mut seqs = select_seqs(
@@ -243,7 +243,7 @@ impl Store {
     }
 
     /// The last seq `sink` acknowledged, if it ever did.
-    pub fn cursor(&self, sink: &str) -> Result<Option<u64>, StoreError> {
+    pub(crate) fn cursor(&self, sink: &str) -> Result<Option<u64>, StoreError> {
         Ok(self
             .conn
             .query_row(
@@ -255,7 +255,10 @@ impl Store {
             .map(|s| s as u64))
     }
 
-    pub fn set_cursors(&mut self, cursors: &BTreeMap<String, u64>) -> Result<(), StoreError> {
+    pub(crate) fn set_cursors(
+        &mut self,
+        cursors: &BTreeMap<String, u64>,
+    ) -> Result<(), StoreError> {
         let tx = self.conn.transaction()?;
         {
             let mut upsert = tx.prepare_cached(
@@ -272,7 +275,7 @@ impl Store {
 
     /// The OOM-kill counters saved at the last run, per memory cgroup path;
     /// `None` when none were ever saved (a first run knows nothing).
-    pub fn oom_counts(&self) -> Result<Option<BTreeMap<String, u64>>, StoreError> {
+    pub(crate) fn oom_counts(&self) -> Result<Option<BTreeMap<String, u64>>, StoreError> {
         let baseline: Option<i64> = self
             .conn
             .query_row(
@@ -295,7 +298,10 @@ impl Store {
     }
 
     /// Replaces the saved OOM-kill counters.
-    pub fn save_oom_counts(&mut self, counts: &BTreeMap<String, u64>) -> Result<(), StoreError> {
+    pub(crate) fn save_oom_counts(
+        &mut self,
+        counts: &BTreeMap<String, u64>,
+    ) -> Result<(), StoreError> {
         let tx = self.conn.transaction()?;
         tx.execute("DELETE FROM oom_counts", [])?;
         {
@@ -318,7 +324,7 @@ impl Store {
 impl Store {
     /// Caps the database at `pages` pages (never below its current size):
     /// a real SQLITE_FULL for tests, without a full disk.
-    pub fn limit_pages(&self, pages: u64) {
+    pub(crate) fn limit_pages(&self, pages: u64) {
         self.conn
             .pragma_update(None, "max_page_count", pages as i64)
             .unwrap();

@@ -13,10 +13,10 @@ use btf_rs::{Btf, Type};
 use fallible_iterator::FallibleIterator as _;
 
 /// Where the running kernel publishes its BTF.
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, thiserror::Error)]
-pub enum BtfError {
+pub(crate) enum BtfError {
     #[error("cannot read kernel BTF from {path}: {source}")]
     Read {
         path: String,
@@ -36,7 +36,7 @@ pub enum BtfError {
 }
 
 /// Loads the kernel's BTF from `path` (normally [`VMLINUX_BTF`]).
-pub fn load(path: &Path) -> Result<Btf, BtfError> {
+pub(crate) fn load(path: &Path) -> Result<Btf, BtfError> {
     Btf::from_file(path).map_err(|source| BtfError::Read {
         path: path.display().to_string(),
         source,
@@ -44,7 +44,7 @@ pub fn load(path: &Path) -> Result<Btf, BtfError> {
 }
 
 /// Resolves every offset the eBPF programs need.
-pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
+pub(crate) fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     let rss = rss_layout(btf)?;
     let [mm_filepages, mm_anonpages, mm_shmempages] = mm_counter_indices(btf)?;
     Ok(KernelOffsets {
@@ -78,7 +78,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
 /// Offsets the growth program (`sched_stat_runtime`) needs on top of the others:
 /// `mm->owner` (CONFIG_MEMCG), the css parent, and the memory cgroup's
 /// `page_counter` usage.
-pub fn growth_offsets(btf: &Btf, offsets: &mut KernelOffsets) -> Result<(), BtfError> {
+pub(crate) fn growth_offsets(btf: &Btf, offsets: &mut KernelOffsets) -> Result<(), BtfError> {
     let usage = member_offset(btf, "page_counter", "usage")?;
     offsets.mm_owner = member_offset(btf, "mm_struct", "owner")?;
     offsets.css_parent = member_offset(btf, "cgroup_subsys_state", "parent")?;
@@ -88,7 +88,7 @@ pub fn growth_offsets(btf: &Btf, offsets: &mut KernelOffsets) -> Result<(), BtfE
 
 /// Whether the kernel's `mark_victim` tracepoint passes the victim's
 /// `task_struct *` (Linux 6.2 and later) rather than only its pid.
-pub fn mark_victim_passes_task(btf: &Btf) -> Result<bool, BtfError> {
+pub(crate) fn mark_victim_passes_task(btf: &Btf) -> Result<bool, BtfError> {
     // The tracepoint's prototype is the typedef `btf_trace_mark_victim`, a
     // pointer to `void (void *, <args>...)`.
     let Some(Type::Typedef(td)) = types_named(btf, "btf_trace_mark_victim")?
@@ -159,7 +159,7 @@ fn rss_layout(btf: &Btf) -> Result<RssLayout, BtfError> {
 }
 
 /// Byte offset of `owner.name`, looking through anonymous structs and unions.
-pub fn member_offset(btf: &Btf, owner: &str, name: &str) -> Result<u32, BtfError> {
+pub(crate) fn member_offset(btf: &Btf, owner: &str, name: &str) -> Result<u32, BtfError> {
     member(btf, owner, name).map(|(offset, _)| offset)
 }
 

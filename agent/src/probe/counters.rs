@@ -11,7 +11,7 @@ use crate::telemetry::Metrics;
 
 /// The last values published, to add only the growth.
 #[derive(Debug)]
-pub struct CounterPublisher {
+pub(crate) struct CounterPublisher {
     last: [u64; ProbeCounter::COUNT as usize],
     last_runs: HashMap<String, (u64, u64)>,
     program_stats: bool,
@@ -19,7 +19,7 @@ pub struct CounterPublisher {
 
 impl CounterPublisher {
     /// `program_stats`: the kernel keeps run counts and times (`bpf_stats`).
-    pub fn new(program_stats: bool) -> Self {
+    pub(crate) fn new(program_stats: bool) -> Self {
         Self {
             last: [0; ProbeCounter::COUNT as usize],
             last_runs: HashMap::new(),
@@ -29,7 +29,7 @@ impl CounterPublisher {
 
     /// Publishes what grew since the last call; returns the running total
     /// of records lost to a full ring buffer (0 without a probe).
-    pub fn publish(&mut self, probe: Option<&EbpfProbe>, metrics: &Metrics) -> u64 {
+    pub(crate) fn publish(&mut self, probe: Option<&EbpfProbe>, metrics: &Metrics) -> u64 {
         let now = probe.map(EbpfProbe::kernel_counters).unwrap_or_default();
         if self.program_stats
             && let Some(probe) = probe

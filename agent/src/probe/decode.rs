@@ -49,7 +49,11 @@ fn read_record<T: Copy>(bytes: &[u8]) -> Result<T, DecodeError> {
 }
 
 /// Decodes one `GrowthRecord`.
-pub fn growth(bytes: &[u8], page_size: u64, clock: &ClockPair) -> Result<GrowthLine, DecodeError> {
+pub(crate) fn growth(
+    bytes: &[u8],
+    page_size: u64,
+    clock: &ClockPair,
+) -> Result<GrowthLine, DecodeError> {
     let raw: GrowthRecord = read_record(bytes)?;
     let line = match raw.line {
         GrowthRecord::ABOVE_CAP => Line::AboveCap,
@@ -67,7 +71,7 @@ pub fn growth(bytes: &[u8], page_size: u64, clock: &ClockPair) -> Result<GrowthL
 }
 
 /// Decodes one `CgroupRecord`.
-pub fn cgroup(bytes: &[u8]) -> Result<CgroupChange, DecodeError> {
+pub(crate) fn cgroup(bytes: &[u8]) -> Result<CgroupChange, DecodeError> {
     let raw: CgroupRecord = read_record(bytes)?;
     let len = raw
         .path
@@ -136,7 +140,7 @@ impl ClockPair {
 }
 
 /// Decodes one `OomVictimEvent` record.
-pub fn oom_victim(
+pub(crate) fn oom_victim(
     record: &[u8],
     page_size: u64,
     clock: &ClockPair,

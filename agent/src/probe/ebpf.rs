@@ -1,9 +1,6 @@
 //! Loading and attaching the eBPF programs, and reading their ring buffer.
 
-use std::{
-    io,
-    path::{Path, PathBuf},
-};
+use std::{io, path::Path};
 
 use std::sync::{
     Mutex,
@@ -38,7 +35,7 @@ use super::{
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
 
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error(
         "missing capability {missing}: loading the eBPF probe needs CAP_BPF and CAP_PERFMON \
          (or CAP_SYS_ADMIN); run as root or grant them (e.g. `setcap cap_bpf,cap_perfmon+ep`)"
@@ -63,13 +60,13 @@ pub enum ProbeError {
 
 /// How the OOM program is attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttachKind {
+pub(crate) enum AttachKind {
     BtfTracePoint,
     RawTracePoint,
 }
 
 impl AttachKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::BtfTracePoint => "tp_btf",
             Self::RawTracePoint => "raw_tracepoint",
@@ -79,7 +76,7 @@ impl AttachKind {
 
 /// A hook as attached: what for, and how.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
-pub struct AttachedHook {
+pub(crate) struct AttachedHook {
     /// `category/name` in tracefs.
     pub tracepoint: &'static str,
     pub role: Role,
@@ -93,7 +90,7 @@ fn attach_str<S: serde::Serializer>(kind: &AttachKind, s: S) -> Result<S::Ok, S:
 
 /// How to load the probe.
 #[derive(Clone, Copy, Debug)]
-pub struct ProbeOptions {
+pub(crate) struct ProbeOptions {
     pub growth: GrowthSettings,
     /// Benchmarks only: an empty program on the growth hook instead of the
     /// growth program, to measure the hook's own cost.
@@ -119,7 +116,7 @@ impl Default for ProbeOptions {
 }
 
 /// The loaded, attached probe. Dropping it detaches every program.
-pub struct EbpfProbe {
+pub(crate) struct EbpfProbe {
     ebpf: Ebpf,
     attach: AttachKind,
     hooks: Vec<AttachedHook>,
@@ -135,7 +132,7 @@ pub struct EbpfProbe {
 }
 
 /// The WATCHED map: soft caps of the cgroups user space watches.
-pub struct WatchedMap {
+pub(crate) struct WatchedMap {
     map: Mutex<BpfHashMap<MapData, u64, WatchedCgroup>>,
     generation: AtomicU64,
     page_size: u64,
@@ -163,7 +160,7 @@ impl KernelWatch for WatchedMap {
 impl EbpfProbe {
     /// Checks privileges, resolves offsets from the kernel's BTF, loads the
     /// programs and attaches them (tp_btf first, raw tracepoint otherwise).
-    pub fn load(btf_path: &Path, options: &ProbeOptions) -> Result<Self, ProbeError> {
+    pub(crate) fn load(btf_path: &Path, options: &ProbeOptions) -> Result<Self, ProbeError> {
         let growth = options.growth;
         let missing = privilege::missing_for_tracing();
         if !missing.is_empty() {
@@ -250,12 +247,12 @@ impl EbpfProbe {
     }
 
     /// `tp_btf` when every program attached that way, else `raw_tracepoint`.
-    pub fn attach_kind(&self) -> AttachKind {
+    pub(crate) fn attach_kind(&self) -> AttachKind {
         self.attach
     }
 
     /// Every hook attached, in attach order.
-    pub fn hooks(&self) -> &[AttachedHook] {
+    pub(crate) fn hooks(&self) -> &[AttachedHook] {
         &self.hooks
     }
 
@@ -263,7 +260,7 @@ impl EbpfProbe {
     /// full the reader waits, the ring buffer fills, and the kernel counts
     /// what it cannot store ([`ProbeCounter::RingbufFull`]): the queue is
     /// bounded at both ends and every loss is counted.
-    pub fn spawn_reader(
+    pub(crate) fn spawn_reader(
         &mut self,
         tx: mpsc::Sender<ProbeEvent>,
     ) -> Result<JoinHandle<()>, ProbeError> {
@@ -304,7 +301,7 @@ impl EbpfProbe {
     }
 
     /// The programs' counters, summed over CPUs, in [`ProbeCounter::ALL`] order.
-    pub fn kernel_counters(&self) -> [u64; ProbeCounter::COUNT as usize] {
+    pub(crate) fn kernel_counters(&self) -> [u64; ProbeCounter::COUNT as usize] {
         ProbeCounter::ALL.map(|c| match (c, &self.fast_path) {
             (ProbeCounter::GrowthRuns, Some(fast)) => fast
                 .get(&0, 0)
@@ -320,7 +317,7 @@ impl EbpfProbe {
 
     /// Each attached program's run count and total run time (nanoseconds);
     /// zeros unless run-time statistics are on.
-    pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
+    pub(crate) fn program_stats(&self) -> Vec<(String, u64, u64)> {
         self.ebpf
             .programs()
             .filter_map(|(name, program)| {
@@ -335,12 +332,12 @@ impl EbpfProbe {
     }
 
     /// The kernel's soft-cap map, when the growth program runs.
-    pub fn kernel_watch(&self) -> Option<std::sync::Arc<WatchedMap>> {
+    pub(crate) fn kernel_watch(&self) -> Option<std::sync::Arc<WatchedMap>> {
         self.watched.clone()
     }
 
     /// Why memory growth is not followed in the kernel, when it is not.
-    pub fn growth_unavailable(&self) -> Option<&str> {
+    pub(crate) fn growth_unavailable(&self) -> Option<&str> {
         self.growth_unavailable.as_deref()
     }
 }
@@ -427,9 +424,4 @@ fn raise_memlock_limit() {
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
         debug!(error = %io::Error::last_os_error(), "could not raise RLIMIT_MEMLOCK");
     }
-}
-
-/// The default BTF location, as a path.
-pub fn default_btf_path() -> PathBuf {
-    PathBuf::from(btf::VMLINUX_BTF)
 }

@@ -14,7 +14,7 @@ use super::btf::{self, BtfError};
 /// What a hook is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub(crate) enum Role {
     /// Cgroups made and removed (id → path).
     Cgroup,
     /// OOM victims.
@@ -25,7 +25,7 @@ pub enum Role {
 
 /// One tracepoint to attach, and what for.
 #[derive(Clone, Copy, Debug)]
-pub struct Hook {
+pub(crate) struct Hook {
     pub point: AttachPoint,
     /// `category/name`, as in tracefs (`oom/mark_victim`).
     pub label: &'static str,
@@ -34,7 +34,7 @@ pub struct Hook {
 
 /// How the kernel's `mark_victim` tracepoint names its victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VictimForm {
+pub(crate) enum VictimForm {
     /// `struct task_struct *` (Linux 6.2 and later).
     Task,
     /// `int pid` only (before 6.2).
@@ -45,7 +45,7 @@ pub enum VictimForm {
 }
 
 impl VictimForm {
-    pub fn of(btf: &Btf) -> Result<VictimForm, BtfError> {
+    pub(crate) fn of(btf: &Btf) -> Result<VictimForm, BtfError> {
         Ok(if btf::mark_victim_passes_task(btf)? {
             VictimForm::Task
         } else {
@@ -56,7 +56,7 @@ impl VictimForm {
 
 /// The growth program to attach, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Growth {
+pub(crate) enum Growth {
     Off,
     Program,
     /// Benchmarks: an empty program on the same hook.
@@ -67,7 +67,7 @@ pub enum Growth {
 /// (a cgroup made between two attaches is then never missed by the OOM
 /// path's resolver), the SIGKILL memory before the `mark_victim` that
 /// reads it, the growth program last.
-pub fn plan(form: VictimForm, growth: Growth) -> Vec<Hook> {
+pub(crate) fn plan(form: VictimForm, growth: Growth) -> Vec<Hook> {
     let hook = |point, label, role| Hook { point, label, role };
     let mut hooks = vec![
         hook(programs::CGROUP_MKDIR, "cgroup/cgroup_mkdir", Role::Cgroup),

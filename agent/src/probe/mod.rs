@@ -3,19 +3,19 @@
 //! [`ProbeEvent`]s. Everything past the channel of `ProbeEvent`s (the
 //! pipeline, the watchdog, the tests' fakes) never touches the kernel.
 
-pub mod btf;
-pub mod counters;
-pub mod decode;
-pub mod ebpf;
-pub mod hooks;
-pub mod poll;
-pub mod privilege;
+pub(crate) mod btf;
+pub(crate) mod counters;
+pub(crate) mod decode;
+pub(crate) mod ebpf;
+pub(crate) mod hooks;
+pub(crate) mod poll;
+pub(crate) mod privilege;
 
 use chrono::{DateTime, Utc};
 
 /// Where user space tells the kernel side which cgroups to watch and their
 /// soft caps (the eBPF probe's WATCHED map; nothing for sampling-only runs).
-pub trait KernelWatch: Send + Sync {
+pub(crate) trait KernelWatch: Send + Sync {
     /// Sets (`Some`) or clears (`None`) the soft cap of a memory cgroup, by id.
     fn set_cap(&self, cgroup_id: u64, cap_bytes: Option<u64>);
 }

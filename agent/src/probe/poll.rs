@@ -22,17 +22,17 @@ use super::{CgroupChange, OomCount, ProbeEvent};
 use crate::cgroup::{MemoryHierarchy, oom};
 
 /// Default time between two readings.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One reading: each memory cgroup's kill counter and directory inode.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Reading {
+pub(crate) struct Reading {
     pub kills: BTreeMap<String, u64>,
     pub ids: BTreeMap<String, u64>,
 }
 
 impl Reading {
-    pub fn take(hierarchy: &MemoryHierarchy) -> Reading {
+    pub(crate) fn take(hierarchy: &MemoryHierarchy) -> Reading {
         let kills = oom::read_oom_counts(hierarchy);
         let ids = kills
             .keys()
@@ -43,7 +43,7 @@ impl Reading {
 }
 
 /// What changed between two readings, as probe events.
-pub fn changes(root: &Path, before: &Reading, now: &Reading) -> Vec<ProbeEvent> {
+pub(crate) fn changes(root: &Path, before: &Reading, now: &Reading) -> Vec<ProbeEvent> {
     let relative = |path: &str| {
         let rel = Path::new(path)
             .strip_prefix(root)
@@ -83,7 +83,7 @@ pub fn changes(root: &Path, before: &Reading, now: &Reading) -> Vec<ProbeEvent> 
 }
 
 /// Reads every `interval` and sends what changed, until the receiver goes.
-pub fn spawn(
+pub(crate) fn spawn(
     hierarchy: MemoryHierarchy,
     interval: Duration,
     tx: mpsc::Sender<ProbeEvent>,

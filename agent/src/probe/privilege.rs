@@ -5,7 +5,7 @@ use caps::{CapSet, Capability};
 
 /// Capabilities missing to load and attach tracing programs: CAP_BPF and
 /// CAP_PERFMON (Linux 5.8+), or CAP_SYS_ADMIN, which covers both.
-pub fn missing_for_tracing() -> Vec<Capability> {
+pub(crate) fn missing_for_tracing() -> Vec<Capability> {
     let has = |cap| caps::has_cap(None, CapSet::Effective, cap).unwrap_or(false);
     if has(Capability::CAP_SYS_ADMIN) {
         return Vec::new();
@@ -17,7 +17,7 @@ pub fn missing_for_tracing() -> Vec<Capability> {
 }
 
 /// `CAP_BPF, CAP_PERFMON`
-pub fn names(caps: &[Capability]) -> String {
+pub(crate) fn names(caps: &[Capability]) -> String {
     caps.iter()
         .map(|c| c.to_string())
         .collect::<Vec<_>>()

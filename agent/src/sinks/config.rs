@@ -11,16 +11,16 @@ use std::{fmt, time::Duration};
 use serde::{Deserialize, de::DeserializeOwned};
 
 /// Events per webhook POST (a JSON array) or per NATS round.
-pub const DEFAULT_BATCH_SIZE: usize = 100;
+pub(crate) const DEFAULT_BATCH_SIZE: usize = 100;
 /// The largest batch accepted.
-pub const MAX_BATCH_SIZE: usize = 1000;
+pub(crate) const MAX_BATCH_SIZE: usize = 1000;
 /// Time allowed to open a connection to a sink.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time allowed for a whole request (webhook) or a publish acknowledgement (NATS).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// First pause after a failed attempt; doubled (with jitter) up to `retry_max`.
-pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
-pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// A key of the configuration with a bad value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,7 +174,7 @@ impl SinkTable {
 }
 
 /// An http or https URL; `key` names it in the error.
-pub fn parse_url(key: &str, text: &str) -> Result<reqwest::Url, InvalidKey> {
+pub(crate) fn parse_url(key: &str, text: &str) -> Result<reqwest::Url, InvalidKey> {
     let invalid = |problem: String| InvalidKey {
         key: key.to_string(),
         problem,
@@ -191,7 +191,7 @@ pub fn parse_url(key: &str, text: &str) -> Result<reqwest::Url, InvalidKey> {
 
 /// Reads `text` as the `index`th `[[kind]]` table (tests of each sink's config).
 #[cfg(test)]
-pub fn table(kind: &'static str, text: &str) -> SinkTable {
+pub(crate) fn table(kind: &'static str, text: &str) -> SinkTable {
     SinkTable::new(kind, 0, toml::from_str(text).expect("a TOML table"))
 }
 

@@ -64,7 +64,7 @@ pub trait Sink: Send + 'static {
 
 /// The pauses between attempts: exponential from `retry_initial`, capped
 /// at `retry_max`, each with random jitter, never giving up.
-pub fn backoff(delivery: &Delivery) -> impl Iterator<Item = Duration> + Send + use<> {
+pub(crate) fn backoff(delivery: &Delivery) -> impl Iterator<Item = Duration> + Send + use<> {
     ExponentialBuilder::new()
         .with_min_delay(delivery.retry_initial)
         .with_max_delay(delivery.retry_max)

@@ -7,7 +7,7 @@
 
 /// Limits checked before a retirement.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Guard {
+pub(crate) struct Guard {
     /// Workers that must remain in the cluster afterwards.
     pub min_workers: usize,
     /// Fraction of the listed workers that must remain afterwards.
@@ -20,7 +20,7 @@ pub struct Guard {
     "cluster guard: retiring would leave {remaining} of {listed} workers \
      (min_workers = {min_workers}, min_fraction = {min_fraction})"
 )]
-pub struct Blocked {
+pub(crate) struct Blocked {
     pub remaining: usize,
     pub listed: usize,
     pub min_workers: usize,
@@ -30,7 +30,7 @@ pub struct Blocked {
 impl Guard {
     /// `listed`: workers the scheduler lists now; `leaving`: those this
     /// retirement and retirements still under way would take away.
-    pub fn check(&self, listed: usize, leaving: usize) -> Result<(), Blocked> {
+    pub(crate) fn check(&self, listed: usize, leaving: usize) -> Result<(), Blocked> {
         let remaining = listed.saturating_sub(leaving);
         let blocked =
             remaining < self.min_workers || (remaining as f64) < self.min_fraction * listed as f64;

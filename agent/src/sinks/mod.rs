@@ -6,13 +6,13 @@
 //! Adding a sink touches its own folder and one line of [`sinks!`] below
 //! (docs/writing-a-sink.md).
 
-pub mod config;
-pub mod dask;
-pub mod delivery;
-pub mod guard;
-pub mod nats;
-pub mod slurm;
-pub mod webhook;
+pub(crate) mod config;
+pub(crate) mod dask;
+pub(crate) mod delivery;
+pub(crate) mod guard;
+pub(crate) mod nats;
+pub(crate) mod slurm;
+pub(crate) mod webhook;
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -58,7 +58,7 @@ impl SinkContext {
 }
 
 /// What each sink's config type does besides being read.
-pub trait Start {
+pub(crate) trait Start {
     /// Label on metrics and key of the sink's cursor.
     fn name(&self) -> &str;
     /// Starts the sink: its delivery loop and any task of its own.
@@ -76,11 +76,11 @@ macro_rules! sinks {
         }
 
         /// The config file's sink tables: `[[webhook]]`, …
-        pub const TABLES: &[&str] = &[$($table),+];
+        pub(crate) const TABLES: &[&str] = &[$($table),+];
 
         impl SinkConfig {
             /// Reads the `index`th `[[table]]`; `None` when `table` is no sink's.
-            pub fn from_table(
+            pub(crate) fn from_table(
                 table: &str,
                 index: usize,
                 value: toml::Table,
@@ -121,7 +121,10 @@ impl SinkConfig {
 }
 
 /// Starts every configured sink.
-pub fn start_all(sinks: &[SinkConfig], ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+pub(crate) fn start_all(
+    sinks: &[SinkConfig],
+    ctx: &SinkContext,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
     let mut tasks = Vec::new();
     for sink in sinks {
         tasks.extend(sink.start(ctx)?);

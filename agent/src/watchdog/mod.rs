@@ -1,6 +1,6 @@
 //! Pure policy: facts and a clock in, verdicts out. No I/O here.
 
-pub mod policy;
-pub mod self_health;
-pub mod task;
-pub mod worker;
+pub(crate) mod policy;
+pub(crate) mod self_health;
+pub(crate) mod task;
+pub(crate) mod worker;

@@ -20,19 +20,19 @@ use crate::model::{
 };
 
 /// What to read: (worker name or task id, where its memory is).
-pub type Sources = Vec<(String, MemorySource)>;
+pub(crate) type Sources = Vec<(String, MemorySource)>;
 
 /// Memory figures the caller read, by worker name and by task id. A missing
 /// entry means "could not be read" and skips that check.
 #[derive(Clone, Debug, Default)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub workers: HashMap<String, u64>,
     pub tasks: HashMap<String, u64>,
 }
 
 /// The answer to a task registration.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     Accepted,
     /// Accepted, but the worker is unhealthy (policy `flag`).
     Flagged {
@@ -45,14 +45,14 @@ pub enum Admission {
 }
 
 #[derive(Debug)]
-pub struct Registration {
+pub(crate) struct Registration {
     pub admission: Admission,
     pub worker: String,
     pub events: Vec<EventBody>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum WatchdogError {
+pub(crate) enum WatchdogError {
     #[error("unknown worker `{0}`")]
     UnknownWorker(String),
     #[error("no worker named: several are configured ({0}); say which")]
@@ -61,7 +61,7 @@ pub enum WatchdogError {
     UnknownTask(String),
 }
 
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     settings: Settings,
     workers: BTreeMap<String, WorkerState>,
     tasks: BTreeMap<String, TaskState>,
@@ -71,7 +71,7 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// With no workers configured, the whole host is one worker without a cap.
-    pub fn new(workers: Vec<WorkerSpec>, settings: Settings) -> Self {
+    pub(crate) fn new(workers: Vec<WorkerSpec>, settings: Settings) -> Self {
         let workers = if workers.is_empty() {
             vec![WorkerSpec::host()]
         } else {
@@ -88,12 +88,8 @@ impl Watchdog {
         }
     }
 
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     /// The worker a request names, or the only one there is.
-    pub fn resolve_worker(&self, requested: Option<&str>) -> Result<String, WatchdogError> {
+    pub(crate) fn resolve_worker(&self, requested: Option<&str>) -> Result<String, WatchdogError> {
         match requested {
             Some(name) if self.workers.contains_key(name) => Ok(name.to_string()),
             Some(name) => Err(WatchdogError::UnknownWorker(name.into())),
@@ -107,7 +103,7 @@ impl Watchdog {
     }
 
     /// What to read for a sample: every worker and every running task with a source.
-    pub fn sources(&self) -> (Sources, Sources) {
+    pub(crate) fn sources(&self) -> (Sources, Sources) {
         let workers = self
             .workers
             .values()
@@ -123,7 +119,7 @@ impl Watchdog {
 
     /// Registers a task. `sample` must hold the worker's memory and its
     /// running tasks' (including the new task's, when it has a source).
-    pub fn register(
+    pub(crate) fn register(
         &mut self,
         req: TaskRequest,
         sample: &Sample,
@@ -209,7 +205,7 @@ impl Watchdog {
 
     /// Ends a task. Ending one that already ended is not an error: the
     /// answer is its final state, and no new event.
-    pub fn finish(
+    pub(crate) fn finish(
         &mut self,
         task_id: &str,
         outcome: TaskOutcome,
@@ -242,7 +238,7 @@ impl Watchdog {
     }
 
     /// A periodic sample: soft-cap crossings, stuck-high workers, recovery.
-    pub fn observe(&mut self, sample: &Sample, now: Instant) -> Vec<EventBody> {
+    pub(crate) fn observe(&mut self, sample: &Sample, now: Instant) -> Vec<EventBody> {
         let mut events = Vec::new();
         for task in self.tasks.values_mut() {
             let Some(&memory) = sample.tasks.get(&task.id) else {
@@ -307,7 +303,7 @@ impl Watchdog {
 
     /// Names the task and worker of an OOM victim (by its memory cgroup, or
     /// its pid); the task ends as OOM-killed.
-    pub fn attribute_oom(
+    pub(crate) fn attribute_oom(
         &mut self,
         cgroup: Option<&Path>,
         pid: u32,
@@ -360,7 +356,7 @@ impl Watchdog {
     }
 
     /// An operator clears a worker.
-    pub fn reset(&mut self, worker: &str) -> Result<Vec<EventBody>, WatchdogError> {
+    pub(crate) fn reset(&mut self, worker: &str) -> Result<Vec<EventBody>, WatchdogError> {
         let state = self
             .workers
             .get_mut(worker)
@@ -379,7 +375,7 @@ impl Watchdog {
         })
     }
 
-    pub fn workers(&self) -> Vec<WorkerView> {
+    pub(crate) fn workers(&self) -> Vec<WorkerView> {
         self.workers
             .values()
             .map(|w| {
@@ -393,14 +389,14 @@ impl Watchdog {
             .collect()
     }
 
-    pub fn tasks(&self, now: Instant) -> Vec<TaskView> {
+    pub(crate) fn tasks(&self, now: Instant) -> Vec<TaskView> {
         self.tasks
             .values()
             .map(|t| t.view(now, &self.settings, None))
             .collect()
     }
 
-    pub fn finished_tasks(&self) -> impl Iterator<Item = &TaskView> {
+    pub(crate) fn finished_tasks(&self) -> impl Iterator<Item = &TaskView> {
         self.finished.iter()
     }
 

@@ -11,11 +11,11 @@ use crate::model::{
 };
 
 /// How long a kernel-side event loss keeps the agent `degraded`.
-pub const LOSS_MEMORY: Duration = Duration::from_secs(300);
+pub(crate) const LOSS_MEMORY: Duration = Duration::from_secs(300);
 
 /// What the agent knows about its event source.
 #[derive(Clone, Debug, Default)]
-pub struct ProbeState {
+pub(crate) struct ProbeState {
     /// The source in use, once it runs.
     pub source: Option<SourceKind>,
     /// How it is attached (`tp_btf`, `raw_tracepoint`, …), for humans.
@@ -33,12 +33,12 @@ pub struct ProbeState {
 }
 
 impl ProbeState {
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.source.is_some()
     }
 
     /// Records the kernel's running total of ring-buffer losses.
-    pub fn observe_ringbuf_drops(&mut self, total: u64, now: Instant) {
+    pub(crate) fn observe_ringbuf_drops(&mut self, total: u64, now: Instant) {
         if total > self.ringbuf_drops {
             self.ringbuf_drops = total;
             self.last_drop = Some(now);
@@ -47,7 +47,7 @@ impl ProbeState {
 }
 
 /// The agent's own verdict at `now`.
-pub fn assess(probe: &ProbeState, now: Instant) -> Verdict {
+pub(crate) fn assess(probe: &ProbeState, now: Instant) -> Verdict {
     let mut verdict = Verdict::healthy();
     match (&probe.source, &probe.failure) {
         (Some(_), _) => {}
@@ -86,7 +86,7 @@ pub fn assess(probe: &ProbeState, now: Instant) -> Verdict {
 /// Adds the outbox's part: a state directory that cannot be written
 /// (`persist_error`) makes the agent `degraded`: `pending` events wait in
 /// memory and die with the process.
-pub fn assess_outbox(persist_error: Option<&str>, pending: u64, verdict: &mut Verdict) {
+pub(crate) fn assess_outbox(persist_error: Option<&str>, pending: u64, verdict: &mut Verdict) {
     if let Some(error) = persist_error {
         verdict.add(
             Health::Degraded,

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::model::spec::{MemorySource, Settings, TaskOutcome};
 
 #[derive(Debug)]
-pub struct TaskState {
+pub(crate) struct TaskState {
     pub id: String,
     pub worker: String,
     pub source: Option<MemorySource>,
@@ -24,7 +24,7 @@ pub struct TaskState {
 
 /// A task as shown on `/v1/status`.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
-pub struct TaskView {
+pub(crate) struct TaskView {
     pub task_id: String,
     pub worker: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -46,7 +46,7 @@ pub struct TaskView {
 
 /// A soft-cap crossing found by [`TaskState::observe`].
 #[derive(Debug, PartialEq)]
-pub struct Crossing {
+pub(crate) struct Crossing {
     pub memory: u64,
     pub cap: u64,
     /// Bytes per second over the samples kept.
@@ -54,7 +54,7 @@ pub struct Crossing {
 }
 
 impl TaskState {
-    pub fn new(
+    pub(crate) fn new(
         id: String,
         worker: String,
         source: Option<MemorySource>,
@@ -73,12 +73,17 @@ impl TaskState {
         }
     }
 
-    pub fn memory(&self) -> Option<u64> {
+    pub(crate) fn memory(&self) -> Option<u64> {
         self.samples.back().map(|&(_, bytes)| bytes)
     }
 
     /// Records a sample; returns a crossing when the task just went over its cap.
-    pub fn observe(&mut self, bytes: u64, now: Instant, settings: &Settings) -> Option<Crossing> {
+    pub(crate) fn observe(
+        &mut self,
+        bytes: u64,
+        now: Instant,
+        settings: &Settings,
+    ) -> Option<Crossing> {
         self.samples.push_back((now, bytes));
         // Keep one sample at or before the window's start, so growth is
         // measured over the whole window.
@@ -106,12 +111,12 @@ impl TaskState {
     }
 
     /// Bytes per second between the oldest and newest sample kept.
-    pub fn growth_rate(&self) -> i64 {
+    pub(crate) fn growth_rate(&self) -> i64 {
         growth_rate(&self.samples)
     }
 
     /// Whether memory rose by more than the threshold over the window.
-    pub fn growing(&self, settings: &Settings) -> bool {
+    pub(crate) fn growing(&self, settings: &Settings) -> bool {
         match (self.samples.front(), self.samples.back()) {
             (Some(&(_, first)), Some(&(_, last))) => {
                 last.saturating_sub(first) > settings.growth_min_bytes
@@ -120,7 +125,7 @@ impl TaskState {
         }
     }
 
-    pub fn view(
+    pub(crate) fn view(
         &self,
         now: Instant,
         settings: &Settings,
@@ -142,7 +147,7 @@ impl TaskState {
 }
 
 /// Bytes per second from the first to the last sample (0 with fewer than two).
-pub fn growth_rate(samples: &VecDeque<(Instant, u64)>) -> i64 {
+pub(crate) fn growth_rate(samples: &VecDeque<(Instant, u64)>) -> i64 {
     match (samples.front(), samples.back()) {
         (Some(&(t0, b0)), Some(&(t1, b1))) if t1 > t0 => {
             let secs = t1.duration_since(t0).as_secs_f64();

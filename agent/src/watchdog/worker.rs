@@ -11,7 +11,7 @@ use crate::model::{
 
 /// Why a worker is unhealthy.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     /// At a task start, memory not owned by running tasks was over the cap
     /// (leaked or leftover processes).
     Residual {
@@ -24,7 +24,7 @@ pub enum Cause {
 }
 
 impl Cause {
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         match self {
             Self::Residual {
                 residual,
@@ -47,7 +47,7 @@ impl Cause {
 
 /// A transition the caller turns into an event.
 #[derive(Debug, PartialEq)]
-pub enum Transition {
+pub(crate) enum Transition {
     Unhealthy(Cause),
     Recovered {
         reason: String,
@@ -60,7 +60,7 @@ pub enum Transition {
 }
 
 #[derive(Debug)]
-pub struct WorkerState {
+pub(crate) struct WorkerState {
     pub spec: WorkerSpec,
     health: Health,
     cause: Option<Cause>,
@@ -78,7 +78,7 @@ pub struct WorkerState {
 
 /// A worker as shown on `/health` and `/v1/status`.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
-pub struct WorkerView {
+pub(crate) struct WorkerView {
     pub name: String,
     pub status: Health,
     pub reasons: Vec<String>,
@@ -100,7 +100,7 @@ pub struct WorkerView {
 }
 
 impl WorkerState {
-    pub fn new(spec: WorkerSpec) -> Self {
+    pub(crate) fn new(spec: WorkerSpec) -> Self {
         Self {
             spec,
             health: Health::Healthy,
@@ -114,21 +114,21 @@ impl WorkerState {
         }
     }
 
-    pub fn health(&self) -> Health {
+    pub(crate) fn health(&self) -> Health {
         self.health
     }
 
-    pub fn memory(&self) -> Option<u64> {
+    pub(crate) fn memory(&self) -> Option<u64> {
         self.memory
     }
 
-    pub fn cause(&self) -> Option<&Cause> {
+    pub(crate) fn cause(&self) -> Option<&Cause> {
         self.cause.as_ref()
     }
 
     /// The Scoot check, at a task start: residual memory over the cap makes
     /// the worker unhealthy at once.
-    pub fn check_residual(&mut self, memory: u64, residual: u64) -> Option<Transition> {
+    pub(crate) fn check_residual(&mut self, memory: u64, residual: u64) -> Option<Transition> {
         self.memory = Some(memory);
         self.residual = Some(residual);
         let cap = self.spec.soft_cap?;
@@ -144,7 +144,7 @@ impl WorkerState {
 
     /// A periodic sample. `any_task_growing`: some running task of this
     /// worker grew over the growth window.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         memory: u64,
         residual: u64,
@@ -240,7 +240,7 @@ impl WorkerState {
     }
 
     /// An operator cleared the worker (`POST /v1/workers/{name}/reset`).
-    pub fn reset(&mut self) -> Option<Transition> {
+    pub(crate) fn reset(&mut self) -> Option<Transition> {
         let was_unhealthy = self.health == Health::Unhealthy;
         self.over_cap = false;
         let recovered = self.recover("operator reset".into());
@@ -268,7 +268,7 @@ impl WorkerState {
         self.note = note;
     }
 
-    pub fn view(&self, running_tasks: usize) -> WorkerView {
+    pub(crate) fn view(&self, running_tasks: usize) -> WorkerView {
         let mut reasons = Vec::new();
         if let Some(cause) = &self.cause {
             reasons.push(cause.reason());
@@ -291,7 +291,7 @@ impl WorkerState {
 }
 
 /// `300.0 MiB`
-pub fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = n as f64;
     let mut unit = 0;

@@ -88,7 +88,7 @@ fn oom_killed(text: &str) -> bool {
 }
 
 /// `oom_kill N` of a v1 `memory.oom_control`.
-pub fn oom_control_kills(text: &str) -> Option<u64> {
+pub(super) fn oom_control_kills(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("oom_kill "))
         .and_then(|n| n.trim().parse::<u64>().ok())
@@ -109,7 +109,7 @@ struct Delays {
     missed: [usize; 3],
 }
 
-pub fn delay() -> anyhow::Result<()> {
+pub(super) fn delay() -> anyhow::Result<()> {
     let release = release_bins("the delay benchmark loads the eBPF probe and makes cgroups")?;
     let receiver = Receiver::start();
     let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
@@ -303,7 +303,7 @@ fn wait_all(children: Vec<std::process::Child>, timeout: Duration) -> anyhow::Re
     Ok(())
 }
 
-pub fn ms(from: SystemTime, to: SystemTime) -> f64 {
+pub(super) fn ms(from: SystemTime, to: SystemTime) -> f64 {
     match to.duration_since(from) {
         Ok(d) => d.as_secs_f64() * 1e3,
         Err(e) => -e.duration().as_secs_f64() * 1e3,

@@ -44,7 +44,7 @@ const BASELINE_ENV: &str = "MEMWATCH_BENCH_BASELINE";
 /// (agent/src/agent.rs `OOM_RESCAN_INTERVAL`): its cost is amortized over it.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 
-pub fn idle() -> anyhow::Result<()> {
+pub(super) fn idle() -> anyhow::Result<()> {
     let memwatch =
         release_bins("the idle benchmark loads the eBPF probe and makes cgroups")?.join("memwatch");
     let mut agents = vec![("this tree".to_string(), memwatch)];
@@ -153,13 +153,13 @@ fn full_walk_cpu_ms() -> anyhow::Result<f64> {
     Ok(cpu() - start)
 }
 
-pub fn clock_ticks() -> f64 {
+pub(super) fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
 }
 
 /// utime + stime of `pid`, in clock ticks.
-pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+pub(super) fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command (which may hold spaces) start after ") ".
     let rest = stat.rsplit_once(") ").context("/proc/pid/stat")?.1;
@@ -168,7 +168,7 @@ pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
 }
 
 /// A `kB` line of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB.
-pub fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
+pub(super) fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()

@@ -16,7 +16,7 @@ mod idle;
 mod overhead;
 mod storm;
 
-pub fn run(which: Option<&str>) -> anyhow::Result<()> {
+pub(crate) fn run(which: Option<&str>) -> anyhow::Result<()> {
     match which {
         None | Some("overhead") => overhead::overhead(),
         Some("delay") => delay::delay(),
@@ -28,7 +28,7 @@ pub fn run(which: Option<&str>) -> anyhow::Result<()> {
 
 /// Checks for root (saying why `what` needs it), builds the agent and the
 /// workload binaries in release, and returns their directory.
-pub fn release_bins(what: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn release_bins(what: &str) -> anyhow::Result<PathBuf> {
     if !is_root() {
         bail!("{what}: run it as root");
     }
@@ -38,7 +38,7 @@ pub fn release_bins(what: &str) -> anyhow::Result<PathBuf> {
 /// `memwatch run <extra>` (the binary `bin`) on a free loopback port with
 /// a state directory of its own, ready; stopped with SIGTERM on drop. Its
 /// stderr is discarded, as in every measurement so far.
-pub fn start_agent(bin: &Path, extra: &[&str]) -> anyhow::Result<Agent> {
+pub(crate) fn start_agent(bin: &Path, extra: &[&str]) -> anyhow::Result<Agent> {
     let options = Options {
         args: extra.iter().map(|a| a.to_string()).collect(),
         on_drop: OnDrop::Stop,

@@ -21,7 +21,7 @@ const ROUNDS: usize = 5;
 /// Probe overhead: no agent, an empty program on the growth hook, and the
 /// agent with its default probe, on a page-fault-heavy workload and on a
 /// realistic one (a parallel C build and a sort/compress data pipeline).
-pub fn overhead() -> anyhow::Result<()> {
+pub(super) fn overhead() -> anyhow::Result<()> {
     let release = release_bins("the overhead benchmark loads the eBPF probe")?;
     let faultbench = release.join("faultbench");
     let memwatch = release.join("memwatch");

@@ -68,7 +68,7 @@ impl Drop for Cgroups {
     }
 }
 
-pub fn storm() -> anyhow::Result<()> {
+pub(super) fn storm() -> anyhow::Result<()> {
     let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
     let receiver = Receiver::start();
 

@@ -122,7 +122,7 @@ fn plain_use_upward_is_caught() {
     )]);
     assert_eq!(
         violations(dir.path()),
-        ["agent/src/model/time.rs:2: module `model` (rank 0) imports `sinks` (rank 4)"]
+        ["agent/src/model/time.rs:2: module `model` (rank 0) imports `sinks` (rank 5)"]
     );
 }
 
@@ -134,8 +134,8 @@ fn grouped_multi_line_use_is_caught() {
     assert_eq!(
         violations(dir.path()),
         [
-            "agent/src/sinks/mod.rs:3: module `sinks` (rank 4) imports `api` (rank 7)",
-            "agent/src/sinks/mod.rs:4: module `sinks` (rank 4) imports `daemon` (rank 6)",
+            "agent/src/sinks/mod.rs:3: module `sinks` (rank 5) imports `api` (rank 8)",
+            "agent/src/sinks/mod.rs:4: module `sinks` (rank 5) imports `daemon` (rank 7)",
         ]
     );
 }
@@ -151,10 +151,10 @@ fn inline_crate_paths_are_caught() {
     assert_eq!(
         violations(dir.path()),
         [
-            "agent/src/probe/mod.rs:2: module `probe` (rank 3) imports `config` (rank 5)",
-            "agent/src/probe/mod.rs:3: module `probe` (rank 3) imports `daemon` (rank 6)",
-            "agent/src/probe/mod.rs:5: module `probe` (rank 3) imports `api` (rank 7)",
-            "agent/src/probe/mod.rs:6: module `probe` (rank 3) imports `cmd` (rank 8)",
+            "agent/src/probe/mod.rs:2: module `probe` (rank 3) imports `config` (rank 6)",
+            "agent/src/probe/mod.rs:3: module `probe` (rank 3) imports `daemon` (rank 7)",
+            "agent/src/probe/mod.rs:5: module `probe` (rank 3) imports `api` (rank 8)",
+            "agent/src/probe/mod.rs:6: module `probe` (rank 3) imports `cmd` (rank 9)",
         ]
     );
 }
@@ -173,9 +173,9 @@ fn super_super_escape_is_caught() {
     assert_eq!(
         violations(dir.path()),
         [
-            "agent/src/cgroup/mod.rs:2: module `cgroup` (rank 2) imports `sinks` (rank 4)",
+            "agent/src/cgroup/mod.rs:2: module `cgroup` (rank 2) imports `sinks` (rank 5)",
             "agent/src/cgroup/read.rs:2: module `cgroup` (rank 2) imports `probe` (rank 3)",
-            "agent/src/cgroup/read.rs:6: module `cgroup` (rank 2) imports `daemon` (rank 6)",
+            "agent/src/cgroup/read.rs:6: module `cgroup` (rank 2) imports `daemon` (rank 7)",
         ]
     );
 }
@@ -231,8 +231,8 @@ fn cycle_is_reported() {
     assert_eq!(
         problems(dir.path()),
         [
-            "agent/src/probe/mod.rs:1: module `probe` (rank 3) imports `sinks` (rank 4)",
-            "agent/src/telemetry.rs:2: module `telemetry` (rank 1) imports `daemon` (rank 6)",
+            "agent/src/probe/mod.rs:1: module `probe` (rank 3) imports `sinks` (rank 5)",
+            "agent/src/telemetry.rs:2: module `telemetry` (rank 1) imports `daemon` (rank 7)",
             "import cycle: probe -> sinks -> probe (probe -> sinks at agent/src/probe/mod.rs:1; \
              sinks -> probe at agent/src/sinks/mod.rs:4); all tied together: \
              cgroup, config, daemon, outbox, probe, sinks, telemetry",
@@ -287,7 +287,7 @@ fn h<'a>(x: &'a str) -> &'a str {
     let dir = clean_with(&[("watchdog.rs", &caught)]);
     assert_eq!(
         violations(dir.path()),
-        ["agent/src/watchdog.rs:17: module `watchdog` (rank 2) imports `api` (rank 7)"]
+        ["agent/src/watchdog.rs:17: module `watchdog` (rank 2) imports `api` (rank 8)"]
     );
 }
 
@@ -316,7 +316,7 @@ fn violation_planted_into_a_copy_of_a_clean_tree_is_caught() {
     assert_eq!(
         problems(copy.path()),
         [
-            "agent/src/outbox.rs:3: module `outbox` (rank 3) imports `sinks` (rank 4)",
+            "agent/src/outbox.rs:3: module `outbox` (rank 3) imports `sinks` (rank 5)",
             "import cycle: outbox -> sinks -> outbox (outbox -> sinks at agent/src/outbox.rs:3; \
              sinks -> outbox at agent/src/sinks/mod.rs:3)",
         ]

@@ -17,17 +17,17 @@ use anyhow::{Context as _, bail};
 use crate::shell;
 
 /// Lines the init script prints and vm-test looks for.
-pub const BOOTED: &str = "MEMWATCH-VM-BOOTED";
-pub const DOCTOR_BEGIN: &str = "MEMWATCH-DOCTOR-BEGIN";
-pub const DOCTOR_END: &str = "MEMWATCH-DOCTOR-END";
-pub const TEST_END: &str = "MEMWATCH-VM-TEST-END";
-pub const EXIT: &str = "MEMWATCH-VM-EXIT=";
+pub(super) const BOOTED: &str = "MEMWATCH-VM-BOOTED";
+pub(super) const DOCTOR_BEGIN: &str = "MEMWATCH-DOCTOR-BEGIN";
+pub(super) const DOCTOR_END: &str = "MEMWATCH-DOCTOR-END";
+pub(super) const TEST_END: &str = "MEMWATCH-VM-TEST-END";
+pub(super) const EXIT: &str = "MEMWATCH-VM-EXIT=";
 
 /// Host programs the tests run besides the workspace's own (`setpriv` of
 /// util-linux: busybox's lacks `--reuid`).
 const HOST_PROGRAMS: [&str; 1] = ["/usr/bin/setpriv"];
 
-pub struct Contents<'a> {
+pub(super) struct Contents<'a> {
     /// `memwatch`, `memhog`, … (target/release/*).
     pub binaries: &'a [PathBuf],
     /// The kernel test executables, run in this order.
@@ -42,7 +42,7 @@ pub struct Contents<'a> {
 
 /// Writes `<dir>/initramfs.cpio` (uncompressed newc: the kernel unpacks it
 /// faster than it would gunzip it) and returns its path.
-pub fn build(dir: &Path, contents: &Contents<'_>) -> anyhow::Result<PathBuf> {
+pub(super) fn build(dir: &Path, contents: &Contents<'_>) -> anyhow::Result<PathBuf> {
     let root = dir.join("root");
     let _ = fs::remove_dir_all(&root);
     for sub in [
@@ -133,7 +133,7 @@ poweroff -f
 }
 
 /// `kernel_oom-0123abcd` → `kernel_oom`.
-pub fn test_name(exe: &Path) -> String {
+pub(super) fn test_name(exe: &Path) -> String {
     let file = exe
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

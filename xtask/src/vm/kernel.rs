@@ -20,13 +20,13 @@ use crate::shell;
 
 /// The default matrix: the newest Debian 6.1 and 6.12 kernels, then this
 /// host's own.
-pub const DEFAULT_MATRIX: [&str; 3] = ["6.1", "6.12", "host"];
+pub(super) const DEFAULT_MATRIX: [&str; 3] = ["6.1", "6.12", "host"];
 
 /// Private package lists are refreshed when older than this.
 const LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// A kernel image ready to boot.
-pub struct Kernel {
+pub(super) struct Kernel {
     /// The Debian package it came from.
     pub package: String,
     pub vmlinuz: PathBuf,
@@ -39,7 +39,7 @@ enum Source {
     Backports,
 }
 
-pub struct Registry {
+pub(super) struct Registry {
     vm_dir: PathBuf,
     backports: bool,
 }
@@ -48,7 +48,7 @@ impl Registry {
     /// Prepares the private backports state (refreshing its lists when
     /// stale). Without network or a backports suite, only the system's
     /// sources are searched, and a note says so.
-    pub fn open(vm_dir: &Path) -> anyhow::Result<Registry> {
+    pub(super) fn open(vm_dir: &Path) -> anyhow::Result<Registry> {
         let mut registry = Registry {
             vm_dir: vm_dir.to_path_buf(),
             backports: false,
@@ -169,7 +169,7 @@ impl Registry {
     }
 
     /// Resolves, downloads (once) and unpacks the kernel `spec` names.
-    pub fn fetch(&self, spec: &str) -> anyhow::Result<Kernel> {
+    pub(super) fn fetch(&self, spec: &str) -> anyhow::Result<Kernel> {
         let (package, source) = self.resolve(spec)?;
         let unpacked = self.vm_dir.join("kernels").join(&package);
         if let Some(vmlinuz) = find_vmlinuz(&unpacked) {

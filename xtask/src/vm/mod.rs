@@ -31,7 +31,7 @@ const BINARIES: [&str; 2] = ["memwatch", "memhog"];
 
 /// What one kernel's run gave.
 #[derive(Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// What `--kernel` said (`6.1`, `host`).
     pub spec: String,
     /// The Debian package booted (`host` for this machine).
@@ -53,12 +53,12 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.exit == Some(0) && self.failed == 0 && self.passed > 0 && self.problem.is_none()
     }
 }
 
-pub struct Options {
+pub(crate) struct Options {
     pub kernels: Vec<String>,
     /// Per kernel: boot and every test.
     pub timeout: Duration,
@@ -66,7 +66,7 @@ pub struct Options {
     pub write_docs: bool,
 }
 
-pub fn run(options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     if !shell::is_root() {
         bail!("vm-test needs root (KVM, and the host kernel tests)");
     }
@@ -225,7 +225,7 @@ fn build() -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
 }
 
 #[derive(Clone, Copy)]
-pub enum Accel {
+pub(crate) enum Accel {
     Kvm,
     Tcg,
 }
@@ -267,7 +267,7 @@ impl Accel {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Accel::Kvm => "KVM",
             Accel::Tcg => "TCG",

@@ -8,13 +8,13 @@ use serde::Deserialize;
 use crate::sinks::config::{Delivery, InvalidKey, SinkTable};
 
 /// Workers that must stay in a Dask cluster after a retirement.
-pub const DEFAULT_DASK_MIN_WORKERS: usize = 1;
+pub(super) const DEFAULT_DASK_MIN_WORKERS: usize = 1;
 /// Fraction of the Dask cluster that must stay after a retirement.
-pub const DEFAULT_DASK_MIN_FRACTION: f64 = 0.5;
+pub(super) const DEFAULT_DASK_MIN_FRACTION: f64 = 0.5;
 /// How often the Dask worker ↔ memwatch worker map is refreshed.
-pub const DEFAULT_DASK_REFRESH: Duration = Duration::from_secs(2);
+pub(super) const DEFAULT_DASK_REFRESH: Duration = Duration::from_secs(2);
 /// `retire_workers` moves a worker's data before answering: give it time.
-pub const DEFAULT_DASK_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_DASK_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct DaskConfig {

@@ -24,12 +24,12 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 mod config;
-pub mod names;
+pub(crate) mod names;
 
 use anyhow::Context as _;
 use tokio::task::JoinHandle;
 
-pub use self::config::DaskConfig;
+pub(crate) use self::config::DaskConfig;
 use self::names::{GetWorkers, Mapped, SchedulerNames};
 use crate::{
     model::{
@@ -72,7 +72,7 @@ impl Start for DaskConfig {
     }
 }
 
-pub struct DaskSink {
+pub(crate) struct DaskSink {
     config: DaskConfig,
     client: reqwest::Client,
     specs: Arc<[WorkerSpec]>,
@@ -89,7 +89,7 @@ pub struct DaskSink {
 }
 
 impl DaskSink {
-    pub fn new(
+    pub(crate) fn new(
         config: DaskConfig,
         specs: Arc<[WorkerSpec]>,
         recorder: Recorder,
@@ -285,7 +285,7 @@ fn api_url(config: &DaskConfig, path: &str) -> reqwest::Url {
 
 /// Keeps `names` current (pid → Dask address), so an `oom_kill` event can
 /// name the Dask worker that was killed. Stops when `shutdown` turns true.
-pub async fn refresh_names(
+pub(crate) async fn refresh_names(
     config: DaskConfig,
     specs: Arc<[WorkerSpec]>,
     names: SchedulerNames,

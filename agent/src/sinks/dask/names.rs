@@ -26,7 +26,7 @@ use crate::model::spec::{MemorySource, WorkerSpec};
 
 /// One entry of `GET /api/v1/get_workers`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct DaskWorker {
+pub(crate) struct DaskWorker {
     pub address: String,
     /// `dask worker --name`; a number or a string.
     #[serde(default)]
@@ -35,7 +35,7 @@ pub struct DaskWorker {
 
 /// The answer of `GET /api/v1/get_workers`.
 #[derive(Debug, Deserialize)]
-pub struct GetWorkers {
+pub(crate) struct GetWorkers {
     pub workers: Vec<DaskWorker>,
 }
 
@@ -93,7 +93,7 @@ fn local_endpoint(address: &str) -> Option<(IpAddr, u16)> {
 
 /// Maps each Dask worker to a memwatch worker (the rule in the module docs).
 /// Reads /proc: call it off the async runtime.
-pub fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapped> {
+pub(crate) fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapped> {
     let listening = listening_sockets().unwrap_or_default();
     let socket_of = |address: &str| {
         let (ip, port) = local_endpoint(address)?;
@@ -178,7 +178,7 @@ fn socket_owner(inode: u64) -> Option<u32> {
 
 /// The processes of a worker: its cgroup's (and child cgroups'), or the
 /// matching processes and their descendants.
-pub fn member_pids(source: &MemorySource) -> HashSet<u32> {
+pub(crate) fn member_pids(source: &MemorySource) -> HashSet<u32> {
     match source {
         MemorySource::Cgroup(path) => {
             let mut pids = HashSet::new();

@@ -5,8 +5,8 @@ use serde::Deserialize;
 use crate::sinks::config::{Delivery, InvalidKey, SinkTable};
 
 /// JetStream subject and stream used when none is configured.
-pub const DEFAULT_NATS_SUBJECT: &str = "memwatch.events";
-pub const DEFAULT_NATS_STREAM: &str = "MEMWATCH";
+pub(crate) const DEFAULT_NATS_SUBJECT: &str = "memwatch.events";
+pub(crate) const DEFAULT_NATS_STREAM: &str = "MEMWATCH";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NatsConfig {

@@ -13,7 +13,7 @@ use async_nats::jetstream::{self, message::PublishMessage, stream};
 use tokio::task::JoinHandle;
 use tracing::info;
 
-pub use self::config::{DEFAULT_NATS_STREAM, DEFAULT_NATS_SUBJECT, NatsConfig};
+pub use self::config::NatsConfig;
 use crate::{
     model::event::Event,
     sinks::{

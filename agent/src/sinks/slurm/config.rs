@@ -8,9 +8,9 @@ use serde::Deserialize;
 use crate::sinks::config::{Delivery, InvalidKey, SinkTable};
 
 /// Requeues of one job memwatch makes at most.
-pub const DEFAULT_SLURM_MAX_REQUEUES: u32 = 3;
+pub(super) const DEFAULT_SLURM_MAX_REQUEUES: u32 = 3;
 /// Time allowed to one `scontrol` run.
-pub const DEFAULT_SLURM_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const DEFAULT_SLURM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What to do with a Slurm job whose process was OOM-killed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

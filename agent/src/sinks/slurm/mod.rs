@@ -32,12 +32,12 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 mod config;
-pub mod scontrol;
+pub(crate) mod scontrol;
 
 use anyhow::Context as _;
 use tokio::task::JoinHandle;
 
-pub use self::config::{RequeuePolicy, SlurmConfig};
+pub(crate) use self::config::{RequeuePolicy, SlurmConfig};
 use self::scontrol::ScontrolError;
 use crate::{
     model::event::{Event, EventKind},
@@ -54,7 +54,7 @@ const MAX_REASON: usize = 200;
 /// How often a requeued job is checked until it is pending again.
 const PENDING_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// Prefix of every reason memwatch sets: how it knows a drain is its own.
-pub const REASON_PREFIX: &str = "memwatch:";
+pub(crate) const REASON_PREFIX: &str = "memwatch:";
 
 /// What the sink must remember across restarts.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -91,7 +91,7 @@ impl Start for SlurmConfig {
     }
 }
 
-pub struct SlurmSink {
+pub(crate) struct SlurmSink {
     config: SlurmConfig,
     /// The node of a worker not listed in `nodes`.
     default_node: String,
@@ -101,7 +101,7 @@ pub struct SlurmSink {
 }
 
 impl SlurmSink {
-    pub fn open(
+    pub(crate) fn open(
         config: SlurmConfig,
         default_node: String,
         state_dir: &Path,
@@ -324,7 +324,7 @@ impl SlurmSink {
 
 /// The Slurm job of an `oom_kill` event: a `job_<N>` cgroup component, or
 /// a `slurm-<N>-…` task id (`memwatch exec` inside a job).
-pub fn job_id(event: &Event) -> Option<u64> {
+pub(crate) fn job_id(event: &Event) -> Option<u64> {
     let from_cgroup = event.body.cgroup.as_deref().and_then(|path| {
         path.split('/')
             .rev()

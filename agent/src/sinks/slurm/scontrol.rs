@@ -8,7 +8,7 @@ use crate::sinks::delivery::FailureClass;
 
 /// Why an `scontrol` run failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ScontrolError {
+pub(crate) enum ScontrolError {
     /// The controller did not answer, or `scontrol` itself hung: try again later.
     #[error("scontrol {args} did not finish within {timeout:?}")]
     Timeout { args: String, timeout: Duration },
@@ -29,11 +29,11 @@ pub enum ScontrolError {
 
 impl ScontrolError {
     /// Whether the same call may succeed later.
-    pub fn transient(&self) -> bool {
+    pub(crate) fn transient(&self) -> bool {
         !matches!(self, Self::Refused { .. })
     }
 
-    pub fn class(&self) -> FailureClass {
+    pub(crate) fn class(&self) -> FailureClass {
         match self {
             Self::Timeout { .. } => FailureClass::Timeout,
             Self::Unreachable { .. } => FailureClass::Connect,
@@ -54,7 +54,7 @@ const TRANSIENT: [&str; 6] = [
 ];
 
 /// Runs `program args...`, killed after `timeout`; its stdout on success.
-pub async fn run(
+pub(crate) async fn run(
     program: &Path,
     args: &[String],
     timeout: Duration,

@@ -62,7 +62,7 @@ impl Start for WebhookConfig {
 }
 
 /// The value of [`SIGNATURE_HEADER`] for `body`.
-pub fn signature(secret: &[u8], body: &[u8]) -> String {
+pub(crate) fn signature(secret: &[u8], body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
