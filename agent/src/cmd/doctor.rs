@@ -6,8 +6,10 @@ use std::{fmt::Write as _, fs, path::Path};
 use agent_common::programs;
 use caps::{CapSet, Capability};
 
+use btf_rs::Btf;
+
 use crate::{
-    cgroup::MemoryHierarchy,
+    cgroup::{CgroupError, MemoryHierarchy},
     probe::{
         btf,
         ebpf::{AttachedHook, EbpfProbe},
@@ -63,75 +65,106 @@ pub(crate) struct Report {
 /// Runs every check, and loads and attaches the probe as `run` would.
 pub(crate) fn report(btf_path: &Path) -> Report {
     let mut rows = Vec::new();
-    let mut victim_form = None;
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     rows.push(check("kernel", State::Ok, release.trim()));
-
-    let kernel_btf = btf::load(btf_path);
-    match &kernel_btf {
+    let victim_form = match btf::load(btf_path) {
         Ok(b) => {
             rows.push(check("BTF", State::Ok, btf_path.display().to_string()));
-            let offsets = btf::kernel_offsets(b);
-            rows.push(match &offsets {
-                Ok(_) => check(
-                    "struct offsets",
-                    State::Ok,
-                    "every field the programs read resolves",
-                ),
-                Err(e) => check("struct offsets", State::Fail, e.to_string()),
-            });
-            victim_form = VictimForm::of(b).ok();
-            rows.push(match VictimForm::of(b) {
-                Ok(VictimForm::Task) => check(
-                    "oom/mark_victim",
-                    State::Ok,
-                    "passes the victim's task_struct",
-                ),
-                Ok(VictimForm::Pid | VictimForm::TaskAsPid) => check(
-                    "oom/mark_victim",
-                    State::Ok,
-                    "passes only a pid (Linux < 6.2): the victim's task comes from \
-                     signal/signal_generate (the OOM killer's SIGKILL)",
-                ),
-                Err(e) => check("oom/mark_victim", State::Fail, e.to_string()),
-            });
-            // Resolving offsets walks every BTF type once: reuse the result.
-            let mut growth = offsets.unwrap_or_default();
-            rows.push(match btf::growth_offsets(b, &mut growth) {
-                Ok(()) => check(
-                    "growth offsets",
-                    State::Ok,
-                    "mm->owner, css parent, memcg usage resolve",
-                ),
-                Err(e) => check(
-                    "growth offsets",
-                    State::Warn,
-                    format!("{e}: growth sampled only"),
-                ),
-            });
-            for point in [
-                programs::CGROUP_MKDIR,
-                programs::CGROUP_RMDIR,
-                programs::GROWTH,
-            ] {
-                let category = if point.tracepoint == programs::GROWTH.tracepoint {
-                    "sched"
-                } else {
-                    "cgroup"
-                };
-                let name = format!("{category}/{}", point.tracepoint);
-                let typedef = format!("btf_trace_{}", point.tracepoint);
-                rows.push(match b.resolve_types_by_name(&typedef) {
-                    Ok(found) if !found.is_empty() => check(name, State::Ok, "present"),
-                    _ => check(name, State::Fail, "absent"),
-                });
-            }
+            btf_checks(&b, &mut rows)
         }
-        Err(e) => rows.push(check("BTF", State::Fail, e.to_string())),
-    }
-
+        Err(e) => {
+            rows.push(check("BTF", State::Fail, e.to_string()));
+            None
+        }
+    };
     let hierarchy = MemoryHierarchy::discover();
-    rows.push(match &hierarchy {
+    host_checks(&hierarchy, &mut rows);
+    let found = probe_checks(btf_path, victim_form, &hierarchy, &mut rows);
+    Report {
+        kernel: release.trim().to_string(),
+        usable: hierarchy.is_ok(),
+        source: found.source,
+        hooks: found.hooks,
+        growth: found.growth,
+        oom: found.oom,
+        rows,
+    }
+}
+
+/// What `run` would follow memory and OOM kills with.
+struct Sources {
+    source: &'static str,
+    hooks: Vec<AttachedHook>,
+    growth: String,
+    oom: String,
+}
+
+/// The checks that read the kernel's BTF: struct offsets, the OOM
+/// tracepoint's form, the growth offsets, the tracepoints the programs
+/// attach to. Returns the OOM tracepoint's form when it resolves.
+fn btf_checks(b: &Btf, rows: &mut Vec<Check>) -> Option<VictimForm> {
+    let offsets = btf::kernel_offsets(b);
+    rows.push(match &offsets {
+        Ok(_) => check(
+            "struct offsets",
+            State::Ok,
+            "every field the programs read resolves",
+        ),
+        Err(e) => check("struct offsets", State::Fail, e.to_string()),
+    });
+    let victim_form = VictimForm::of(b).ok();
+    rows.push(match VictimForm::of(b) {
+        Ok(VictimForm::Task) => check(
+            "oom/mark_victim",
+            State::Ok,
+            "passes the victim's task_struct",
+        ),
+        Ok(VictimForm::Pid | VictimForm::TaskAsPid) => check(
+            "oom/mark_victim",
+            State::Ok,
+            "passes only a pid (Linux < 6.2): the victim's task comes from \
+             signal/signal_generate (the OOM killer's SIGKILL)",
+        ),
+        Err(e) => check("oom/mark_victim", State::Fail, e.to_string()),
+    });
+    // Resolving offsets walks every BTF type once: reuse the result.
+    let mut growth = offsets.unwrap_or_default();
+    rows.push(match btf::growth_offsets(b, &mut growth) {
+        Ok(()) => check(
+            "growth offsets",
+            State::Ok,
+            "mm->owner, css parent, memcg usage resolve",
+        ),
+        Err(e) => check(
+            "growth offsets",
+            State::Warn,
+            format!("{e}: growth sampled only"),
+        ),
+    });
+    for point in [
+        programs::CGROUP_MKDIR,
+        programs::CGROUP_RMDIR,
+        programs::GROWTH,
+    ] {
+        let category = if point.tracepoint == programs::GROWTH.tracepoint {
+            "sched"
+        } else {
+            "cgroup"
+        };
+        let name = format!("{category}/{}", point.tracepoint);
+        let typedef = format!("btf_trace_{}", point.tracepoint);
+        rows.push(match b.resolve_types_by_name(&typedef) {
+            Ok(found) if !found.is_empty() => check(name, State::Ok, "present"),
+            _ => check(name, State::Fail, "absent"),
+        });
+    }
+    victim_form
+}
+
+/// The host's side: the memory controller, bpffs, capabilities, lockdown,
+/// program statistics.
+fn host_checks(hierarchy: &Result<MemoryHierarchy, CgroupError>, rows: &mut Vec<Check>) {
+    rows.push(match hierarchy {
         Ok(h) => check(
             "memory controller",
             State::Ok,
@@ -180,7 +213,16 @@ pub(crate) fn report(btf_path: &Path) -> Report {
             ),
         ));
     }
+}
 
+/// What `run` would use, found the real way: load and attach the probe,
+/// then detach.
+fn probe_checks(
+    btf_path: &Path,
+    victim_form: Option<VictimForm>,
+    hierarchy: &Result<MemoryHierarchy, CgroupError>,
+    rows: &mut Vec<Check>,
+) -> Sources {
     // The real test: load and attach the probe as `run` would, then detach.
     // Without it, `run` polls the cgroup files (when there are any).
     let probe = EbpfProbe::load(btf_path, &Default::default());
@@ -212,7 +254,7 @@ pub(crate) fn report(btf_path: &Path) -> Report {
         ),
         Err(_) => ("none", Vec::new(), "none".to_string(), "none".to_string()),
     };
-    rows.push(match (probe, &hierarchy) {
+    rows.push(match (probe, hierarchy) {
         (Err(e), Ok(_)) => check(
             "source for `run`",
             State::Warn,
@@ -234,14 +276,11 @@ pub(crate) fn report(btf_path: &Path) -> Report {
             ),
         ),
     });
-    Report {
-        kernel: release.trim().to_string(),
-        usable,
+    Sources {
         source,
         hooks,
         growth,
         oom,
-        rows,
     }
 }
 

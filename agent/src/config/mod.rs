@@ -300,44 +300,13 @@ impl Config {
         );
         set(&mut self.watchdog.growth_window, growth_window.map(|s| s.0));
         set(&mut self.watchdog.growth_min_bytes, growth_min.map(|s| s.0));
-        self.api_token = match (api_token, api_token_file) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "api_token",
-                    "and `api_token_file` are both set; keep one",
-                ));
-            }
-            (Some(token), None) => Some(token),
-            (None, Some(path)) => Some(
-                fs::read_to_string(&path)
-                    .map_err(|e| {
-                        invalid(
-                            "api_token_file",
-                            format!("cannot be read ({}): {e}", path.display()),
-                        )
-                    })?
-                    .trim()
-                    .to_string(),
-            ),
-            (None, None) => None,
-        };
+        self.api_token = api_token_from(api_token, api_token_file)?;
         self.workers = worker
             .into_iter()
             .enumerate()
             .map(|(i, w)| worker_spec(i, w))
             .collect::<Result<_, _>>()?;
-        self.rules = rule
-            .into_iter()
-            .map(|r| {
-                Ok::<_, ConfigError>(Rule {
-                    pattern: glob::Pattern::new(&r.cgroup).map_err(|e| {
-                        invalid("rule.cgroup", format!("`{}` is not a glob: {e}", r.cgroup))
-                    })?,
-                    worker: r.worker,
-                    soft_cap: r.soft_cap.map(|s| s.0),
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        self.rules = rule.into_iter().map(rule_of).collect::<Result<_, _>>()?;
         Ok(())
     }
 
@@ -461,6 +430,38 @@ impl From<InvalidKey> for ConfigError {
             problem: e.problem,
         }
     }
+}
+
+/// `api_token` or the first line of `api_token_file`; not both.
+fn api_token_from(
+    token: Option<String>,
+    file: Option<PathBuf>,
+) -> Result<Option<String>, ConfigError> {
+    match (token, file) {
+        (Some(_), Some(_)) => Err(invalid(
+            "api_token",
+            "and `api_token_file` are both set; keep one",
+        )),
+        (Some(token), None) => Ok(Some(token)),
+        (None, Some(path)) => fs::read_to_string(&path)
+            .map(|text| Some(text.trim().to_string()))
+            .map_err(|e| {
+                invalid(
+                    "api_token_file",
+                    format!("cannot be read ({}): {e}", path.display()),
+                )
+            }),
+        (None, None) => Ok(None),
+    }
+}
+
+fn rule_of(r: RuleConfig) -> Result<Rule, ConfigError> {
+    Ok(Rule {
+        pattern: glob::Pattern::new(&r.cgroup)
+            .map_err(|e| invalid("rule.cgroup", format!("`{}` is not a glob: {e}", r.cgroup)))?,
+        worker: r.worker,
+        soft_cap: r.soft_cap.map(|s| s.0),
+    })
 }
 
 fn set<T>(slot: &mut T, value: Option<T>) {

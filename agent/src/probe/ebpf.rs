@@ -195,7 +195,6 @@ impl EbpfProbe {
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let aya_btf =
             aya::Btf::parse_file(btf_path, aya::Endianness::default()).map_err(|e| e.to_string());
-        let mut attach = AttachKind::BtfTracePoint;
         let growth_hook = match &growth_unavailable {
             None if options.floor => Growth::Floor,
             None => Growth::Program,
@@ -204,23 +203,7 @@ impl EbpfProbe {
                 Growth::Off
             }
         };
-        let mut attached = Vec::new();
-        for hook in hooks::plan(victim_form, growth_hook) {
-            let kind = attach_point(&mut ebpf, &aya_btf, hook.point)?;
-            info!(
-                tracepoint = hook.label,
-                attach = kind.as_str(),
-                "probe attached"
-            );
-            if kind == AttachKind::RawTracePoint {
-                attach = kind;
-            }
-            attached.push(AttachedHook {
-                tracepoint: hook.label,
-                role: hook.role,
-                attach: kind,
-            });
-        }
+        let (attach, attached) = attach_all(&mut ebpf, &aya_btf, victim_form, growth_hook)?;
         let counters = take_map(&mut ebpf, maps::PROBE_COUNTERS, PerCpuArray::try_from)?;
         let (fast_path, watched) = if growth_unavailable.is_none() {
             let fast = take_map(&mut ebpf, maps::FAST_PATH, PerCpuArray::try_from)?;
@@ -415,6 +398,35 @@ fn take_map<M>(
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones use
 /// memcg accounting and ignore it.
+/// Attaches every hook of the plan; the attach kind is `raw_tracepoint`
+/// when any hook fell back to it.
+fn attach_all(
+    ebpf: &mut aya::Ebpf,
+    aya_btf: &Result<aya::Btf, String>,
+    victim_form: VictimForm,
+    growth: Growth,
+) -> Result<(AttachKind, Vec<AttachedHook>), ProbeError> {
+    let mut attach = AttachKind::BtfTracePoint;
+    let mut attached = Vec::new();
+    for hook in hooks::plan(victim_form, growth) {
+        let kind = attach_point(ebpf, aya_btf, hook.point)?;
+        info!(
+            tracepoint = hook.label,
+            attach = kind.as_str(),
+            "probe attached"
+        );
+        if kind == AttachKind::RawTracePoint {
+            attach = kind;
+        }
+        attached.push(AttachedHook {
+            tracepoint: hook.label,
+            role: hook.role,
+            attach: kind,
+        });
+    }
+    Ok((attach, attached))
+}
+
 fn raise_memlock_limit() {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,

@@ -69,6 +69,20 @@ pub(crate) struct Watchdog {
     finished: VecDeque<TaskView>,
 }
 
+/// A retried registration: the same answer, nothing new.
+fn again(existing: &TaskState) -> Registration {
+    Registration {
+        admission: match &existing.flagged {
+            Some(reason) => Admission::Flagged {
+                reason: reason.clone(),
+            },
+            None => Admission::Accepted,
+        },
+        worker: existing.worker.clone(),
+        events: Vec::new(),
+    }
+}
+
 impl Watchdog {
     /// With no workers configured, the whole host is one worker without a cap.
     pub(crate) fn new(workers: Vec<WorkerSpec>, settings: Settings) -> Self {
@@ -127,17 +141,7 @@ impl Watchdog {
     ) -> Result<Registration, WatchdogError> {
         let worker_name = self.resolve_worker(req.worker.as_deref())?;
         if let Some(existing) = self.tasks.get(&req.task_id) {
-            // A retried registration: same answer, nothing new.
-            return Ok(Registration {
-                admission: match &existing.flagged {
-                    Some(reason) => Admission::Flagged {
-                        reason: reason.clone(),
-                    },
-                    None => Admission::Accepted,
-                },
-                worker: existing.worker.clone(),
-                events: Vec::new(),
-            });
+            return Ok(again(existing));
         }
         let mut events = Vec::new();
         let residual = self.residual(&worker_name, sample, Some(&req.task_id));

@@ -168,75 +168,104 @@ impl WorkerState {
             self.over_cap = false;
         }
 
-        match self.health {
-            Health::Unhealthy => {
-                // Recovery is judged on what made it unhealthy: residual
-                // memory for the Scoot check, all memory for unmanaged memory.
-                let judged = match self.cause {
-                    Some(Cause::Residual { .. }) => residual,
-                    _ => memory,
-                };
-                if (judged as f64) < cap as f64 * (1.0 - settings.hysteresis) {
-                    let since = *self.below_since.get_or_insert(now);
-                    let below_for = now.duration_since(since);
-                    if below_for >= self.spec.recover_after {
-                        out.push(self.recover(format!(
-                            "below the soft cap {} for {}s",
-                            bytes(cap),
-                            below_for.as_secs()
-                        )));
-                    } else {
-                        self.note = Some(format!(
-                            "recovering: below the soft cap for {}s of {}s",
-                            below_for.as_secs(),
-                            self.spec.recover_after.as_secs()
-                        ));
-                    }
-                } else {
-                    self.below_since = None;
-                    self.note = None;
-                }
-            }
+        let transition = match self.health {
+            Health::Unhealthy => self.observe_unhealthy(memory, residual, cap, now, settings),
             Health::Healthy | Health::Degraded => {
-                if clearly_below || (!over && self.over_since.is_none()) {
-                    self.over_since = None;
-                    self.set(Health::Healthy, None);
-                } else if any_task_growing {
-                    // Growth of a task may be legitimate work: restart the clock.
-                    self.over_since = Some(now);
-                    self.set(
-                        Health::Degraded,
-                        Some(format!(
-                            "memory {} above the soft cap {}; a task is growing",
-                            bytes(memory),
-                            bytes(cap)
-                        )),
-                    );
-                } else {
-                    let since = *self.over_since.get_or_insert(now);
-                    let over_for = now.duration_since(since);
-                    if over_for >= self.spec.unhealthy_after {
-                        out.push(self.become_unhealthy(Cause::Unmanaged {
-                            memory,
-                            cap,
-                            secs: over_for.as_secs(),
-                        }));
-                    } else {
-                        self.set(
-                            Health::Degraded,
-                            Some(format!(
-                                "memory {} above the soft cap {} for {}s of {}s with no task growing",
-                                bytes(memory),
-                                bytes(cap),
-                                over_for.as_secs(),
-                                self.spec.unhealthy_after.as_secs()
-                            )),
-                        );
-                    }
-                }
+                self.observe_over_cap(memory, cap, over, clearly_below, any_task_growing, now)
+            }
+        };
+        out.extend(transition);
+        out
+    }
+
+    /// While unhealthy: recovered once what made it unhealthy (residual
+    /// memory for the Scoot check, all memory for unmanaged memory) stayed
+    /// clearly below the cap for `recover_after`.
+    fn observe_unhealthy(
+        &mut self,
+        memory: u64,
+        residual: u64,
+        cap: u64,
+        now: Instant,
+        settings: &Settings,
+    ) -> Option<Transition> {
+        // Recovery is judged on what made it unhealthy: residual
+        // memory for the Scoot check, all memory for unmanaged memory.
+        let judged = match self.cause {
+            Some(Cause::Residual { .. }) => residual,
+            _ => memory,
+        };
+        if (judged as f64) < cap as f64 * (1.0 - settings.hysteresis) {
+            let since = *self.below_since.get_or_insert(now);
+            let below_for = now.duration_since(since);
+            if below_for >= self.spec.recover_after {
+                return Some(self.recover(format!(
+                    "below the soft cap {} for {}s",
+                    bytes(cap),
+                    below_for.as_secs()
+                )));
+            } else {
+                self.note = Some(format!(
+                    "recovering: below the soft cap for {}s of {}s",
+                    below_for.as_secs(),
+                    self.spec.recover_after.as_secs()
+                ));
+            }
+        } else {
+            self.below_since = None;
+            self.note = None;
+        }
+        None
+    }
+
+    /// While healthy or degraded: unhealthy once over the cap for
+    /// `unhealthy_after` with no task growing.
+    fn observe_over_cap(
+        &mut self,
+        memory: u64,
+        cap: u64,
+        over: bool,
+        clearly_below: bool,
+        any_task_growing: bool,
+        now: Instant,
+    ) -> Option<Transition> {
+        if clearly_below || (!over && self.over_since.is_none()) {
+            self.over_since = None;
+            self.set(Health::Healthy, None);
+        } else if any_task_growing {
+            // Growth of a task may be legitimate work: restart the clock.
+            self.over_since = Some(now);
+            self.set(
+                Health::Degraded,
+                Some(format!(
+                    "memory {} above the soft cap {}; a task is growing",
+                    bytes(memory),
+                    bytes(cap)
+                )),
+            );
+        } else {
+            let since = *self.over_since.get_or_insert(now);
+            let over_for = now.duration_since(since);
+            if over_for >= self.spec.unhealthy_after {
+                return Some(self.become_unhealthy(Cause::Unmanaged {
+                    memory,
+                    cap,
+                    secs: over_for.as_secs(),
+                }));
+            } else {
+                self.set(
+                    Health::Degraded,
+                    Some(format!(
+                        "memory {} above the soft cap {} for {}s of {}s with no task growing",
+                        bytes(memory),
+                        bytes(cap),
+                        over_for.as_secs(),
+                        self.spec.unhealthy_after.as_secs()
+                    )),
+                );
             }
         }
-        out
+        None
     }
 
     /// An operator cleared the worker (`POST /v1/workers/{name}/reset`).
