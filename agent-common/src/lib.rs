@@ -20,6 +20,18 @@ pub mod maps {
 }
 
 /// Name of the global holding [`GrowthSettings`].
+/// What an eBPF program returns. The kernel ignores it for tracepoints;
+/// it names the step that failed when a program is debugged (bpftool,
+/// `bpf_prog_test_run`). Kernel helper errors (negative) pass through.
+pub mod result {
+    pub const OK: i32 = 0;
+    /// No input to work on: the loader did not fill the offsets, or the
+    /// tracepoint passed a null pointer.
+    pub const NO_INPUT: i32 = 1;
+    /// The ring buffer was full: the record is lost (and counted).
+    pub const RINGBUF_FULL: i32 = 2;
+}
+
 pub const GROWTH_GLOBAL: &str = "GROWTH";
 
 /// How the growth program decides when to look, set at load time.

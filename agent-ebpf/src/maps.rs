@@ -1,7 +1,7 @@
 //! Maps and load-time globals shared by every program.
 
 use agent_common::{
-    EVENTS_RING_BYTES, FastPath, GrowthSettings, KernelOffsets, ProbeCounter, WatchedCgroup,
+    EVENTS_RING_BYTES, FastPath, GrowthSettings, KernelOffsets, ProbeCounter, WatchedCgroup, result,
 };
 use aya_ebpf::{
     Global,
@@ -105,7 +105,7 @@ pub fn count(counter: ProbeCounter) {
 #[inline(always)]
 pub fn ret(result: Result<(), i32>) -> i32 {
     match result {
-        Ok(()) => 0,
+        Ok(()) => result::OK,
         Err(code) => code,
     }
 }

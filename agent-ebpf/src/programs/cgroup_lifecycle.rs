@@ -6,7 +6,7 @@
 //! `TP_PROTO(struct cgroup *cgrp, const char *path)`; rare events, so one
 //! record each.
 
-use agent_common::{CgroupRecord, ProbeCounter, RecordKind};
+use agent_common::{CgroupRecord, ProbeCounter, RecordKind, result};
 use aya_ebpf::{
     helpers::{bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes},
     macros::{btf_tracepoint, raw_tracepoint},
@@ -38,11 +38,11 @@ pub fn cgroup_rmdir_raw(ctx: RawTracePointContext) -> i32 {
 fn try_record(kind: RecordKind, cgroup: *const u8, path: *const u8) -> Result<(), i32> {
     let off = OFFSETS.load();
     if off.valid == 0 || cgroup.is_null() {
-        return Err(1);
+        return Err(result::NO_INPUT);
     }
     let Some(mut entry) = EVENTS.reserve::<CgroupRecord>(0) else {
         count(ProbeCounter::RingbufFull);
-        return Err(2);
+        return Err(result::RINGBUF_FULL);
     };
     let record = entry.as_mut_ptr();
     // SAFETY: `record` points at the reserved, exclusively owned entry; the

@@ -7,7 +7,7 @@
 //! only `int pid`: the `_pid` programs then take the victim's task from
 //! what `signal_generate` remembered of the SIGKILL the OOM killer sent it.
 
-use agent_common::{COMM_LEN, KernelOffsets, OomVictimEvent, ProbeCounter, RecordKind};
+use agent_common::{COMM_LEN, KernelOffsets, OomVictimEvent, ProbeCounter, RecordKind, result};
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns},
     macros::{btf_tracepoint, raw_tracepoint},
@@ -58,7 +58,7 @@ pub fn oom_mark_victim_as_pid_btf(ctx: BtfTracePointContext) -> i32 {
 fn try_mark_victim_pid(pid: u32) -> Result<(), i32> {
     let off = OFFSETS.load();
     if off.valid == 0 {
-        return Err(1);
+        return Err(result::NO_INPUT);
     }
     // SAFETY: a read-only copy of a map value.
     let task = unsafe { SIGKILLED.get(pid) }.copied().unwrap_or(0) as *const u8;
@@ -78,7 +78,7 @@ fn mark_victim_unknown(pid: u32) -> Result<(), i32> {
     count(ProbeCounter::ReadErrors);
     let Some(mut entry) = EVENTS.reserve::<OomVictimEvent>(0) else {
         count(ProbeCounter::RingbufFull);
-        return Err(2);
+        return Err(result::RINGBUF_FULL);
     };
     let mut event = blank_event();
     event.flags =
@@ -93,13 +93,13 @@ fn mark_victim_unknown(pid: u32) -> Result<(), i32> {
 fn try_mark_victim(task: *const u8) -> Result<(), i32> {
     let off = OFFSETS.load();
     if off.valid == 0 || task.is_null() {
-        return Err(1);
+        return Err(result::NO_INPUT);
     }
     count(ProbeCounter::OomSeen);
 
     let Some(mut entry) = EVENTS.reserve::<OomVictimEvent>(0) else {
         count(ProbeCounter::RingbufFull);
-        return Err(2);
+        return Err(result::RINGBUF_FULL);
     };
     let mut event = blank_event();
     fill_identity(task, &off, &mut event);

@@ -6,6 +6,7 @@
 //! `TP_PROTO(int sig, struct kernel_siginfo *info, struct task_struct
 //! *task, int group, int result)`.
 
+use agent_common::result;
 use aya_ebpf::{
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
@@ -34,7 +35,7 @@ fn try_remember(sig: u64, task: *const u8) -> Result<(), i32> {
     }
     let off = OFFSETS.load();
     if off.valid == 0 {
-        return Err(1);
+        return Err(result::NO_INPUT);
     }
     let pid: i32 = read(task, off.task_pid)?;
     SIGKILLED.insert(pid as u32, task as u64, 0).map_err(|_| 2)
