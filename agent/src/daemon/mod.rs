@@ -5,6 +5,7 @@
 //! order. `cmd::run` serves the HTTP API beside it.
 
 pub(crate) mod heartbeat;
+mod kernel_caps;
 pub(crate) mod monitor;
 pub(crate) mod pipeline;
 pub(crate) mod reconcile;
@@ -29,7 +30,7 @@ use tracing::{info, warn};
 use self::{
     monitor::Monitor,
     pipeline::{PROBE_QUEUE, Pipeline},
-    reconcile::{OomBook, OomScan},
+    reconcile::{KilledCgroups, OomBook, OomScan},
     sampler::SystemReader,
     source::Source,
     status::StatusFn,
@@ -83,6 +84,8 @@ pub(crate) struct Daemon {
     source: Option<Source>,
     /// The OOM counters, once reconciled at attach.
     oom: Option<OomBook>,
+    /// The cgroups of OOM kills seen live since the last save.
+    killed: KilledCgroups,
 }
 
 impl Daemon {
@@ -153,6 +156,7 @@ impl Daemon {
             tasks,
             source: None,
             oom: None,
+            killed: KilledCgroups::default(),
         })
     }
 
@@ -212,7 +216,7 @@ impl Daemon {
                 }
                 _ = expiry.tick() => self.outbox().prune_expired(chrono::Utc::now()),
                 _ = oom_ticker.tick() => {
-                    let killed = self.monitor.take_oom_cgroups();
+                    let killed = self.killed.take();
                     if let Some(oom) = &mut self.oom
                         && (!killed.is_empty() || oom.unsaved())
                     {
@@ -267,6 +271,7 @@ impl Daemon {
             monitor: self.monitor.clone(),
             recorder: self.recorder.clone(),
             names: self.names.clone(),
+            killed: self.killed.clone(),
         };
         source.pipeline = Some(tokio::spawn(pipeline.run(rx)));
         if let Some(watch) = source.probe().and_then(|p| p.kernel_watch()) {

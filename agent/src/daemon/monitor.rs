@@ -3,26 +3,26 @@
 //! by the HTTP API, the sampling loop and the OOM pipeline.
 
 use std::{
-    collections::{BTreeSet, HashMap},
-    os::unix::fs::MetadataExt as _,
+    collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard, OnceLock},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
-use tokio::sync::Notify;
-
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 use tracing::{info, warn};
 
 use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
-    daemon::sampler::{self, MemoryReader},
+    daemon::{
+        kernel_caps::KernelCaps,
+        sampler::{self, MemoryReader},
+    },
     model::{
         event::EventBody,
         health::Health,
         spec::{MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
     },
-    probe::{CgroupChange, GrowthLine, KernelWatch, Line},
+    probe::{CgroupChange, GrowthLine, KernelWatch},
     record::Recorder,
     watchdog::{
         policy::{Admission, Registration, Sample, Watchdog, WatchdogError},
@@ -41,17 +41,8 @@ pub(crate) struct Monitor {
     /// Memory cgroup ids → paths, for the OOM pipeline; told about every
     /// task cgroup so those resolve even once removed.
     resolver: Mutex<CgroupResolver>,
-    /// The kernel's soft-cap map, once the probe runs.
-    kernel_watch: OnceLock<Arc<dyn KernelWatch>>,
-    /// Cgroup ids whose caps the kernel holds, by worker name or task id.
-    kernel_caps: Mutex<HashMap<String, u64>>,
-    /// Wakes the sampling loop at once (a cap crossed in the kernel).
-    sample_now: Arc<Notify>,
-    /// The kernel's usage of watched cgroups at their last line, by id.
-    kernel_usage: Mutex<HashMap<u64, u64>>,
-    /// Cgroups with an OOM kill since [`Monitor::take_oom_cgroups`]: the
-    /// only OOM counters the agent needs to read again before saving them.
-    oom_cgroups: Mutex<BTreeSet<PathBuf>>,
+    /// The caps the kernel holds and the usage it reports.
+    kernel: KernelCaps,
 }
 
 impl Monitor {
@@ -79,11 +70,7 @@ impl Monitor {
             rules,
             rule_tasks: Mutex::default(),
             resolver: Mutex::new(CgroupResolver::new(hierarchy)),
-            kernel_watch: OnceLock::new(),
-            kernel_caps: Mutex::default(),
-            sample_now: Arc::new(Notify::new()),
-            kernel_usage: Mutex::default(),
-            oom_cgroups: Mutex::default(),
+            kernel: KernelCaps::default(),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -110,53 +97,26 @@ impl Monitor {
     /// Hands the kernel the soft caps of every worker and task with a
     /// cgroup, now and as tasks come and go.
     pub(crate) fn attach_kernel_watch(&self, watch: Arc<dyn KernelWatch>) {
-        if self.kernel_watch.set(watch).is_err() {
+        if !self.kernel.attach(watch) {
             return;
         }
         let watchdog = self.lock();
         for w in watchdog.workers() {
             if let (Some(cgroup), Some(cap)) = (&w.cgroup, w.soft_cap_bytes) {
-                self.push_cap(&format!("worker:{}", w.name), Path::new(cgroup), cap);
+                self.kernel
+                    .push(&format!("worker:{}", w.name), Path::new(cgroup), cap);
             }
         }
         for t in watchdog.tasks(Instant::now()) {
             if let (Some(MemorySource::Cgroup(path)), Some(cap)) = (&t.source, t.soft_cap_bytes) {
-                self.push_cap(&t.task_id, path, cap);
+                self.kernel.push(&t.task_id, path, cap);
             }
-        }
-    }
-
-    fn push_cap(&self, key: &str, cgroup: &Path, cap: u64) {
-        let (Some(watch), Ok(meta)) = (self.kernel_watch.get(), std::fs::metadata(cgroup)) else {
-            return;
-        };
-        watch.set_cap(meta.ino(), Some(cap));
-        self.kernel_caps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.to_string(), meta.ino());
-    }
-
-    fn drop_cap(&self, key: &str) {
-        let id = self
-            .kernel_caps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-        if let Some(id) = id {
-            self.kernel_usage
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-        }
-        if let (Some(watch), Some(id)) = (self.kernel_watch.get(), id) {
-            watch.set_cap(id, None);
         }
     }
 
     /// Notified when the kernel saw a cap crossed: sample at once.
     pub(crate) fn sample_now(&self) -> Arc<Notify> {
-        self.sample_now.clone()
+        self.kernel.sample_now()
     }
 
     /// A line crossed in the kernel: counted; a cap crossing (up or down)
@@ -168,21 +128,7 @@ impl Monitor {
             .growth_lines
             .with_label_values(&[line.line.as_str()])
             .inc();
-        let watched = self
-            .kernel_caps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .any(|id| *id == line.memcg_id);
-        if watched {
-            self.kernel_usage
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(line.memcg_id, line.usage_bytes);
-        }
-        if matches!(line.line, Line::AboveCap | Line::BelowCap) {
-            self.sample_now.notify_one();
-        }
+        self.kernel.line(line);
     }
 
     /// Registers a task after reading its worker's memory and its running
@@ -222,7 +168,7 @@ impl Monitor {
             (Admission::Rejected { reason }, _, _) => {
                 warn!(worker = %registration.worker, %reason, "task rejected")
             }
-            (_, Some(cgroup), Some(cap)) => self.push_cap(&task_id, &cgroup, cap),
+            (_, Some(cgroup), Some(cap)) => self.kernel.push(&task_id, &cgroup, cap),
             _ => {}
         }
         self.store(registration.events.iter().cloned(), now);
@@ -238,7 +184,7 @@ impl Monitor {
         let mut watchdog = self.lock();
         let now = Instant::now();
         let (view, events) = watchdog.finish(task_id, outcome, now)?;
-        self.drop_cap(task_id);
+        self.kernel.remove(task_id);
         self.store(events, now);
         self.publish_gauges(&watchdog);
         Ok(view)
@@ -273,21 +219,10 @@ impl Monitor {
         cgroup: Option<&Path>,
         pid: u32,
     ) -> (Option<String>, Option<String>, Vec<EventBody>) {
-        if let Some(cgroup) = cgroup {
-            self.oom_cgroups
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(cgroup.to_path_buf());
-        }
         let mut watchdog = self.lock();
         let attributed = watchdog.attribute_oom(cgroup, pid, Instant::now());
         self.publish_gauges(&watchdog);
         attributed
-    }
-
-    /// The cgroups of the OOM kills seen since the last call.
-    pub(crate) fn take_oom_cgroups(&self) -> BTreeSet<PathBuf> {
-        std::mem::take(&mut *self.oom_cgroups.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Records events the watchdog decided at `decided`, stamped with that
@@ -303,7 +238,7 @@ impl Monitor {
     pub(crate) fn workers(&self) -> Vec<WorkerView> {
         let mut workers = self.lock().workers();
         for w in &mut workers {
-            w.kernel_usage_bytes = self.kernel_usage_of(&format!("worker:{}", w.name));
+            w.kernel_usage_bytes = self.kernel.usage_of(&format!("worker:{}", w.name));
         }
         workers
     }
@@ -311,22 +246,9 @@ impl Monitor {
     pub(crate) fn tasks(&self) -> Vec<TaskView> {
         let mut tasks = self.lock().tasks(Instant::now());
         for t in &mut tasks {
-            t.kernel_usage_bytes = self.kernel_usage_of(&t.task_id);
+            t.kernel_usage_bytes = self.kernel.usage_of(&t.task_id);
         }
         tasks
-    }
-
-    fn kernel_usage_of(&self, key: &str) -> Option<u64> {
-        let id = *self
-            .kernel_caps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)?;
-        self.kernel_usage
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-            .copied()
     }
 
     pub(crate) fn finished_tasks(&self) -> Vec<TaskView> {

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
-    daemon::monitor::Monitor,
+    daemon::{monitor::Monitor, reconcile::KilledCgroups},
     model::event::{EventBody, EventKind, OomDetails},
     probe::{OomCount, OomVictim, ProbeEvent},
     record::Recorder,
@@ -23,6 +23,8 @@ const MAX_KILLS_PER_READING: u64 = 100;
 pub(crate) struct Pipeline {
     pub monitor: Arc<Monitor>,
     pub recorder: Recorder,
+    /// Where the kills' cgroups are noted, for the OOM counters' save.
+    pub killed: KilledCgroups,
     /// Scheduler names of processes (Dask addresses), for `oom_kill` events.
     pub names: SchedulerNames,
 }
@@ -42,9 +44,11 @@ impl Pipeline {
             ProbeEvent::OomCounted(count) => self.oom_counted(&count),
             ProbeEvent::OomVictim(victim) => {
                 let mut body = self.oom_kill(&victim);
-                let (task_id, worker, task_ended) = self
-                    .monitor
-                    .attribute_oom(body.cgroup.as_deref().map(Path::new), victim.pid);
+                let cgroup = body.cgroup.as_deref().map(Path::new);
+                if let Some(cgroup) = cgroup {
+                    self.killed.note(cgroup);
+                }
+                let (task_id, worker, task_ended) = self.monitor.attribute_oom(cgroup, victim.pid);
                 body.task_id = task_id;
                 body.worker = worker;
                 body.scheduler_worker = self.names.get(victim.pid);
@@ -75,6 +79,7 @@ impl Pipeline {
             body.constraint = Some(constraint);
             body.limit_cgroup = limit.map(|p| p.display().to_string());
             body.cgroup = Some(count.cgroup.display().to_string());
+            self.killed.note(&count.cgroup);
             let (task_id, worker, task_ended) = self.monitor.attribute_oom(Some(&count.cgroup), 0);
             body.task_id = task_id;
             body.worker = worker;
@@ -187,6 +192,7 @@ mod tests {
         Pipeline {
             monitor: Arc::new(monitor),
             recorder,
+            killed: KilledCgroups::default(),
             names: SchedulerNames::default(),
         }
     }

@@ -18,7 +18,8 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use anyhow::Context as _;
@@ -40,6 +41,25 @@ pub(crate) struct OomBook {
     counters: OomCounters,
     /// The last save failed: save at the next chance even without a change.
     unsaved: bool,
+}
+
+/// Cgroups with an OOM kill since the last [`KilledCgroups::take`]: the
+/// only OOM counters the agent needs to read again before saving them.
+/// The pipeline notes them; the daemon's loop takes them.
+#[derive(Clone, Default)]
+pub(crate) struct KilledCgroups(Arc<Mutex<BTreeSet<PathBuf>>>);
+
+impl KilledCgroups {
+    pub(crate) fn note(&self, cgroup: &Path) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cgroup.to_path_buf());
+    }
+
+    pub(crate) fn take(&self) -> BTreeSet<PathBuf> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// Which OOM counters to read before saving.
