@@ -15,9 +15,15 @@ use std::{
 use memwatch::EventKind;
 use memwatch_tests::ops::{read, repo};
 
+/// A source file of the agent, with `pub(crate)` read as `pub`: the
+/// scanners below look for items whatever their visibility.
+fn source(path: &str) -> String {
+    read(path).replace("pub(crate) ", "pub ")
+}
+
 /// `memwatch_*` names exported by the agent: the constants of telemetry.rs.
 fn exported_metrics() -> BTreeSet<String> {
-    let names: BTreeSet<String> = read("agent/src/telemetry.rs")
+    let names: BTreeSet<String> = source("agent/src/telemetry.rs")
         .lines()
         .filter(|l| l.trim_start().starts_with("pub const"))
         .filter_map(|l| l.split('"').nth(1))
@@ -130,7 +136,10 @@ fn config_structs(source: &str) -> BTreeMap<String, BTreeSet<String>> {
         let t = line.trim();
         if t.starts_with("#[serde(deny_unknown_fields)]") {
             strict = true;
-        } else if let Some(rest) = t.strip_prefix("pub struct ") {
+        } else if let Some(rest) = t
+            .strip_prefix("pub struct ")
+            .or_else(|| t.strip_prefix("struct "))
+        {
             let name = rest.split([' ', '{', '(']).next().unwrap_or_default();
             current = strict.then(|| name.to_string());
             strict = false;
@@ -139,13 +148,47 @@ fn config_structs(source: &str) -> BTreeMap<String, BTreeSet<String>> {
             }
         } else if t == "}" {
             current = None;
-        } else if let (Some(n), Some(field)) = (&current, t.strip_prefix("pub "))
-            && let Some((name, _)) = field.split_once(':')
+        } else if let (Some(n), Some(field)) = (
+            &current,
+            t.strip_prefix("pub ")
+                .or(Some(t))
+                .filter(|f| !f.starts_with("#[") && !f.starts_with("//")),
+        ) && let Some((name, _)) = field.split_once(':')
         {
             structs.get_mut(n).unwrap().insert(name.trim().to_string());
         }
     }
     structs
+}
+
+/// The config tables of the sink registry: the `"name" => …` lines of the
+/// `sinks! { … }` invocation in sinks/mod.rs.
+fn registered_sinks(source: &str) -> Vec<String> {
+    let (_, registry) = source
+        .split_once("\nsinks! {")
+        .expect("the sinks! registry in agent/src/sinks/mod.rs");
+    let (registry, _) = registry.split_once('}').expect("its end");
+    let names: Vec<String> = registry
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('"')?.split_once('"'))
+        .map(|(name, _)| name.to_string())
+        .collect();
+    assert!(names.len() >= 4, "registry lines not found: {names:?}");
+    names
+}
+
+/// The names in `DELIVERY_KEYS` of sinks/config.rs.
+fn delivery_keys(source: &str) -> Vec<String> {
+    let list = source
+        .split_once("pub const DELIVERY_KEYS")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .map(|(list, _)| list)
+        .expect("DELIVERY_KEYS in agent/src/sinks/config.rs");
+    list.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect()
 }
 
 /// The keys in the first column of each `## ` section's tables, by section
@@ -182,10 +225,31 @@ fn documented_keys(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
 
 #[test]
 fn configuration_doc_lists_exactly_the_config_keys() {
-    let mut code = config_structs(&read("agent/src/config.rs"));
-    code.extend(config_structs(&read("agent/src/config/sinks.rs")));
-    code.extend(config_structs(&read("agent/src/config/kubernetes.rs")));
-    code.extend(config_structs(&read("agent/src/config/schedulers.rs")));
+    let mut code = config_structs(&source("agent/src/config/mod.rs"));
+    code.extend(config_structs(&source("agent/src/config/kubernetes.rs")));
+    // Each sink's own keys, and the delivery keys every sink table takes
+    // (sinks/config.rs), but `connect_timeout` where the sink opens no
+    // connection.
+    let delivery = delivery_keys(&source("agent/src/sinks/config.rs"));
+    let sinks = registered_sinks(&source("agent/src/sinks/mod.rs"));
+    // The sink tables are top-level keys of the file, read by the registry.
+    code.get_mut("FileConfig")
+        .expect("FileConfig in config/mod.rs")
+        .extend(sinks.iter().cloned());
+    for sink in &sinks {
+        let source = source(&format!("agent/src/sinks/{sink}/config.rs"));
+        let mut own = config_structs(&source);
+        let connects = !source.contains(".delivery(defaults, false)");
+        for keys in own.values_mut() {
+            keys.extend(
+                delivery
+                    .iter()
+                    .filter(|k| connects || *k != "connect_timeout")
+                    .cloned(),
+            );
+        }
+        code.extend(own);
+    }
     let table_of = [
         ("FileConfig", ""),
         ("WorkerConfig", "worker"),
@@ -303,7 +367,7 @@ fn sources_under(dir: &str) -> Vec<PathBuf> {
 
 /// A file of the repository (a path relative to it), as text.
 fn text_of(path: &Path) -> String {
-    read(&path.to_string_lossy())
+    source(&path.to_string_lossy())
 }
 
 /// Whether `doc` holds `token` followed by something that cannot continue

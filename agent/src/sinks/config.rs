@@ -22,6 +22,17 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
 pub(crate) const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(60);
 
+/// The keys every sink table takes besides its own (`connect_timeout` only
+/// where the sink opens a connection). docs/configuration.md lists them
+/// under each sink (tests/ops/docs.rs checks it).
+pub const DELIVERY_KEYS: [&str; 5] = [
+    "batch_size",
+    "connect_timeout",
+    "timeout",
+    "retry_initial",
+    "retry_max",
+];
+
 /// A key of the configuration with a bad value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid configuration: `{key}` {problem}")]
@@ -198,6 +209,20 @@ pub(crate) fn table(kind: &'static str, text: &str) -> SinkTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delivery_takes_exactly_the_delivery_keys() {
+        let text: String = DELIVERY_KEYS
+            .iter()
+            .map(|k| match *k {
+                "batch_size" => format!("{k} = 10\n"),
+                _ => format!("{k} = \"1s\"\n"),
+            })
+            .collect();
+        let mut t = table("x", &text);
+        t.delivery(Delivery::default(), true).unwrap();
+        assert!(t.table.is_empty(), "left over: {:?}", t.table);
+    }
 
     #[test]
     fn delivery_keys_are_read_once_with_the_sinks_defaults() {
