@@ -25,7 +25,7 @@ pub(crate) const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(60);
 /// The keys every sink table takes besides its own (`connect_timeout` only
 /// where the sink opens a connection). docs/configuration.md lists them
 /// under each sink (tests/ops/docs.rs checks it).
-pub const DELIVERY_KEYS: [&str; 5] = [
+pub(crate) const DELIVERY_KEYS: [&str; 5] = [
     "batch_size",
     "connect_timeout",
     "timeout",
@@ -108,7 +108,8 @@ impl SinkTable {
     /// written. A sink that opens no connection (`connects` false) has no
     /// `connect_timeout`: the key stays in the table and is unknown there.
     pub fn delivery(&mut self, defaults: Delivery, connects: bool) -> Result<Delivery, InvalidKey> {
-        let batch_size = match self.table.remove("batch_size") {
+        let [batch_key, connect_key, timeout_key, initial_key, max_key] = DELIVERY_KEYS;
+        let batch_size = match self.table.remove(batch_key) {
             Some(value) => value
                 .as_integer()
                 .and_then(|n| usize::try_from(n).ok())
@@ -120,17 +121,17 @@ impl SinkTable {
         let delivery = Delivery {
             batch_size,
             connect_timeout: if connects {
-                self.take_duration("connect_timeout", defaults.connect_timeout)?
+                self.take_duration(connect_key, defaults.connect_timeout)?
             } else {
                 defaults.connect_timeout
             },
-            timeout: self.take_duration("timeout", defaults.timeout)?,
-            retry_initial: self.take_duration("retry_initial", defaults.retry_initial)?,
-            retry_max: self.take_duration("retry_max", defaults.retry_max)?,
+            timeout: self.take_duration(timeout_key, defaults.timeout)?,
+            retry_initial: self.take_duration(initial_key, defaults.retry_initial)?,
+            retry_max: self.take_duration(max_key, defaults.retry_max)?,
         };
         if !(1..=MAX_BATCH_SIZE).contains(&delivery.batch_size) {
             return Err(self.invalid(
-                "batch_size",
+                batch_key,
                 format!(
                     "must be between 1 and {MAX_BATCH_SIZE}, got {}",
                     delivery.batch_size
@@ -138,7 +139,7 @@ impl SinkTable {
             ));
         }
         if delivery.retry_max < delivery.retry_initial {
-            return Err(self.invalid("retry_max", "must not be less than retry_initial"));
+            return Err(self.invalid(max_key, "must not be less than retry_initial"));
         }
         Ok(delivery)
     }
