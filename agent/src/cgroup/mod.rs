@@ -6,7 +6,7 @@
 //! cgroup2 tree where memory is v2.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt, fs, io,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
@@ -410,15 +410,49 @@ fn enable_memory_controller_above(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// The processes in the cgroup `dir` itself (`cgroup.procs`); none when it
+/// cannot be read.
+fn procs(dir: &Path) -> Vec<u32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Nesting this deep is not a worker layout; it bounds the walk.
+const MAX_PIDS_DEPTH: usize = 16;
+
+/// The processes in `dir` and every cgroup below it (down to
+/// [`MAX_PIDS_DEPTH`] levels).
+pub(crate) fn pids_below(dir: &Path) -> HashSet<u32> {
+    fn walk(dir: &Path, pids: &mut HashSet<u32>, depth: usize) {
+        if depth > MAX_PIDS_DEPTH {
+            return;
+        }
+        pids.extend(procs(dir));
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&entry.path(), pids, depth + 1);
+            }
+        }
+    }
+    let mut pids = HashSet::new();
+    walk(dir, &mut pids, 0);
+    pids
+}
+
 /// SIGKILLs whatever is in the cgroup until it is empty, then removes it.
 /// Bounded: gives up after 5 s with the error.
 pub fn kill_and_remove(path: &Path) -> io::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let procs = fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        for pid in procs(path) {
             // SAFETY: kill(2) with a pid the kernel listed in this cgroup.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
         match fs::remove_dir(path) {
             Ok(()) => return Ok(()),

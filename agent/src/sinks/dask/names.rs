@@ -13,7 +13,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fs, io,
+    io,
     net::{IpAddr, ToSocketAddrs as _, UdpSocket},
     path::Path,
     sync::{Arc, Mutex},
@@ -22,7 +22,10 @@ use std::{
 use procfs::process::FDTarget;
 use serde::Deserialize;
 
-use crate::model::spec::{MemorySource, WorkerSpec};
+use crate::{
+    cgroup,
+    model::spec::{MemorySource, WorkerSpec},
+};
 
 /// One entry of `GET /api/v1/get_workers`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -180,35 +183,11 @@ fn socket_owner(inode: u64) -> Option<u32> {
 /// matching processes and their descendants.
 pub(crate) fn member_pids(source: &MemorySource) -> HashSet<u32> {
     match source {
-        MemorySource::Cgroup(path) => {
-            let mut pids = HashSet::new();
-            cgroup_pids(path, &mut pids, 0);
-            pids
-        }
+        MemorySource::Cgroup(path) => cgroup::pids_below(path),
         MemorySource::Pid(pid) => with_descendants(|p, _| p == *pid),
         MemorySource::Process(text) => with_descendants(|_, cmdline| cmdline.contains(text)),
         // The whole host: checked by `map_workers` without listing processes.
         MemorySource::Host => HashSet::new(),
-    }
-}
-
-/// Nesting this deep is not a worker layout; it bounds the walk.
-const MAX_CGROUP_DEPTH: usize = 16;
-
-fn cgroup_pids(dir: &Path, pids: &mut HashSet<u32>, depth: usize) {
-    if depth > MAX_CGROUP_DEPTH {
-        return;
-    }
-    if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
-        pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
-    }
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            cgroup_pids(&entry.path(), pids, depth + 1);
-        }
     }
 }
 
