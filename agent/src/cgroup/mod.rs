@@ -410,6 +410,17 @@ fn enable_memory_controller_above(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// An empty hierarchy of `version` in a temporary directory (tests).
+#[cfg(test)]
+pub(crate) fn temp_hierarchy(version: CgroupVersion) -> (tempfile::TempDir, MemoryHierarchy) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let hierarchy = MemoryHierarchy {
+        root: dir.path().to_path_buf(),
+        version,
+    };
+    (dir, hierarchy)
+}
+
 /// The processes in the cgroup `dir` itself (`cgroup.procs`); none when it
 /// cannot be read.
 fn procs(dir: &Path) -> Vec<u32> {

@@ -89,15 +89,7 @@ pub(crate) fn grown<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hierarchy(version: CgroupVersion) -> (tempfile::TempDir, MemoryHierarchy) {
-        let dir = tempfile::tempdir().unwrap();
-        let hierarchy = MemoryHierarchy {
-            root: dir.path().to_path_buf(),
-            version,
-        };
-        (dir, hierarchy)
-    }
+    use crate::cgroup::temp_hierarchy as hierarchy;
 
     #[test]
     fn reads_v1_oom_control_counters_recursively() {

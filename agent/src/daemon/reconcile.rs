@@ -213,15 +213,7 @@ mod tests {
 
     use super::*;
     use crate::cgroup::CgroupVersion;
-
-    fn hierarchy(version: CgroupVersion) -> (tempfile::TempDir, MemoryHierarchy) {
-        let dir = tempfile::tempdir().unwrap();
-        let hierarchy = MemoryHierarchy {
-            root: dir.path().to_path_buf(),
-            version,
-        };
-        (dir, hierarchy)
-    }
+    use crate::cgroup::temp_hierarchy as hierarchy;
 
     #[test]
     fn counters_are_kept_current_from_the_cgroups_named_and_by_a_rescan() {
