@@ -19,10 +19,13 @@ pub enum EventKind {
     /// A scheduler sink did not act on an unhealthy worker because the
     /// cluster guard forbade it (too few workers would remain).
     GuardBlocked,
+    /// A scheduler refused an action a sink asked for (Dask retired none of
+    /// the workers named); the sink tries again later.
+    ActionRefused,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 11] = [
         Self::AgentStarted,
         Self::TaskStarted,
         Self::TaskRejected,
@@ -33,6 +36,7 @@ impl EventKind {
         Self::WorkerRecovered,
         Self::Heartbeat,
         Self::GuardBlocked,
+        Self::ActionRefused,
     ];
 
     /// How much the kind matters when the outbox is full: lower is dropped
@@ -40,9 +44,11 @@ impl EventKind {
     pub fn priority(self) -> Priority {
         match self {
             Self::Heartbeat => Priority::Heartbeat,
-            Self::OomKill | Self::WorkerUnhealthy | Self::TaskRejected | Self::GuardBlocked => {
-                Priority::Critical
-            }
+            Self::OomKill
+            | Self::WorkerUnhealthy
+            | Self::TaskRejected
+            | Self::GuardBlocked
+            | Self::ActionRefused => Priority::Critical,
             Self::AgentStarted
             | Self::TaskStarted
             | Self::TaskFinished
@@ -64,6 +70,7 @@ impl EventKind {
             Self::WorkerRecovered => "worker_recovered",
             Self::Heartbeat => "heartbeat",
             Self::GuardBlocked => "guard_blocked",
+            Self::ActionRefused => "action_refused",
         }
     }
 }

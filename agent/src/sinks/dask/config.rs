@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::sinks::config::{Delivery, InvalidKey, SinkTable};
+use crate::sinks::{
+    config::{Delivery, InvalidKey, SinkTable},
+    guard::Guard,
+};
 
-/// Workers that must stay in a Dask cluster after a retirement.
-pub(super) const DEFAULT_DASK_MIN_WORKERS: usize = 1;
-/// Fraction of the Dask cluster that must stay after a retirement.
-pub(super) const DEFAULT_DASK_MIN_FRACTION: f64 = 0.5;
 /// How often the Dask worker ↔ memwatch worker map is refreshed.
 pub(super) const DEFAULT_DASK_REFRESH: Duration = Duration::from_secs(2);
 /// `retire_workers` moves a worker's data before answering: give it time.
@@ -21,10 +20,9 @@ pub struct DaskConfig {
     pub name: String,
     /// The scheduler's HTTP address (its dashboard port), e.g. `http://127.0.0.1:8787`.
     pub url: reqwest::Url,
-    /// A retirement never leaves fewer workers than this in the cluster.
-    pub min_workers: usize,
-    /// … nor less than this fraction of the workers the scheduler lists.
-    pub min_fraction: f64,
+    /// The cluster guard: workers that must stay (`min_remaining`,
+    /// `min_remaining_fraction`).
+    pub guard: Guard,
     /// Period of the worker map refresh (it names Dask addresses in `oom_kill` events).
     pub refresh_interval: Duration,
     pub delivery: Delivery,
@@ -36,8 +34,10 @@ pub struct DaskConfig {
 struct DaskFile {
     url: String,
     name: Option<String>,
-    min_workers: Option<usize>,
-    min_fraction: Option<f64>,
+    #[serde(alias = "min_workers")]
+    min_remaining: Option<usize>,
+    #[serde(alias = "min_fraction")]
+    min_remaining_fraction: Option<f64>,
     refresh_interval: Option<String>,
 }
 
@@ -49,13 +49,7 @@ impl DaskConfig {
         };
         let delivery = table.delivery(defaults, true)?;
         let file: DaskFile = table.rest()?;
-        let min_fraction = file.min_fraction.unwrap_or(DEFAULT_DASK_MIN_FRACTION);
-        if !(0.0..=1.0).contains(&min_fraction) {
-            return Err(table.invalid(
-                "min_fraction",
-                format!("must be between 0 and 1, got {min_fraction}"),
-            ));
-        }
+        let guard = Guard::from_keys(&table, file.min_remaining, file.min_remaining_fraction)?;
         let refresh_interval = match file.refresh_interval {
             Some(text) => table.duration("refresh_interval", &text)?,
             None => DEFAULT_DASK_REFRESH,
@@ -66,8 +60,7 @@ impl DaskConfig {
         Ok(Self {
             name: file.name.unwrap_or_else(|| table.default_name()),
             url: table.url("url", &file.url)?,
-            min_workers: file.min_workers.unwrap_or(DEFAULT_DASK_MIN_WORKERS),
-            min_fraction,
+            guard,
             refresh_interval,
             delivery,
         })
@@ -87,11 +80,19 @@ mod tests {
     fn dask_defaults_and_bad_values_name_the_key() {
         let d = dask("url = \"http://127.0.0.1:8787\"").unwrap();
         assert_eq!(d.name, "dask-1");
-        assert_eq!(d.min_workers, 1);
-        assert_eq!(d.min_fraction, 0.5);
+        assert_eq!(d.guard, Guard::default());
         assert_eq!(d.delivery.timeout, DEFAULT_DASK_TIMEOUT);
-        let e = dask("url = \"http://x\"\nmin_fraction = 1.5").unwrap_err();
-        assert!(e.to_string().contains("dask[0].min_fraction"), "{e}");
+        let e = dask("url = \"http://x\"\nmin_remaining_fraction = 1.5").unwrap_err();
+        assert!(
+            e.to_string().contains("dask[0].min_remaining_fraction"),
+            "{e}"
+        );
+        // The names from before the guard was shared still work.
+        let d = dask("url = \"http://x\"\nmin_workers = 2\nmin_fraction = 0.25").unwrap();
+        assert_eq!(
+            (d.guard.min_remaining, d.guard.min_remaining_fraction),
+            (2, 0.25)
+        );
         let e = dask("url = \"tcp://x:8786\"").unwrap_err();
         assert!(e.to_string().contains("dask[0].url"), "{e}");
         let e = dask("url = \"http://x\"\nrefresh_interval = \"1ms\"").unwrap_err();

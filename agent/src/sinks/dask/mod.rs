@@ -30,7 +30,7 @@ use anyhow::Context as _;
 use tokio::task::JoinHandle;
 
 pub(crate) use self::config::DaskConfig;
-use self::names::{GetWorkers, Mapped, SchedulerNames};
+use self::names::{Identity, Mapped, SchedulerNames};
 use crate::{
     model::{
         event::{Event, EventBody, EventKind},
@@ -41,7 +41,7 @@ use crate::{
         SinkContext, Start,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
-        guard::Guard,
+        guard::Capacity,
         webhook::classify,
     },
 };
@@ -52,7 +52,7 @@ impl Start for DaskConfig {
     }
 
     fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
-        info!(sink = %self.name, url = %self.url, min_workers = self.min_workers, min_fraction = self.min_fraction, "Dask sink");
+        info!(sink = %self.name, url = %self.url, min_remaining = self.guard.min_remaining, min_remaining_fraction = self.guard.min_remaining_fraction, "Dask sink");
         let sink = DaskSink::new(
             self.clone(),
             Arc::clone(&ctx.workers),
@@ -82,10 +82,9 @@ pub(crate) struct DaskSink {
     pending: BTreeSet<String>,
     /// memwatch workers retired in their current unhealthy episode.
     done: BTreeSet<String>,
-    /// memwatch workers whose `guard_blocked` was already reported.
+    /// memwatch workers whose `guard_blocked` (or refusal) was already
+    /// reported in this episode.
     blocked: BTreeSet<String>,
-    /// Dask addresses retired by this sink: leaving while still listed.
-    retiring: BTreeSet<String>,
 }
 
 impl DaskSink {
@@ -104,7 +103,6 @@ impl DaskSink {
             pending: BTreeSet::new(),
             done: BTreeSet::new(),
             blocked: BTreeSet::new(),
-            retiring: BTreeSet::new(),
         })
     }
 
@@ -146,64 +144,82 @@ impl DaskSink {
         self.blocked.remove(worker);
     }
 
+    /// Every worker the scheduler lists, with its status
+    /// (`/json/identity.json`), mapped to memwatch workers.
     async fn dask_workers(&self) -> Result<Vec<Mapped>, SendError> {
-        let url = api_url(&self.config, "api/v1/get_workers");
+        let url = api_url(&self.config, "json/identity.json");
         let response = self.client.get(url).send().await.map_err(classify)?;
         let status = response.status();
         if !status.is_success() {
             return Err(SendError::new(
                 FailureClass::Status,
-                format!("get_workers answered {status}"),
+                format!("identity.json answered {status}"),
             ));
         }
-        let answer: GetWorkers = response
-            .json()
-            .await
-            .map_err(|e| SendError::new(FailureClass::Other, format!("get_workers answer: {e}")))?;
+        let answer: Identity = response.json().await.map_err(|e| {
+            SendError::new(FailureClass::Other, format!("identity.json answer: {e}"))
+        })?;
         let specs = Arc::clone(&self.specs);
-        let mapped =
-            tokio::task::spawn_blocking(move || names::map_workers(&specs, &answer.workers))
-                .await
-                .map_err(|e| SendError::new(FailureClass::Other, format!("worker map: {e}")))?;
+        let workers = answer.workers();
+        let mapped = tokio::task::spawn_blocking(move || names::map_workers(&specs, &workers))
+            .await
+            .map_err(|e| SendError::new(FailureClass::Other, format!("worker map: {e}")))?;
         self.names.update(&mapped);
         Ok(mapped)
     }
 
+    /// Retires the Dask workers of every pending memwatch worker the
+    /// cluster guard lets go, one memwatch worker at a time, against the
+    /// scheduler's present view (shared by every host's agent: a worker
+    /// retiring by anyone's doing counts as gone).
     async fn retire_pending(&mut self) -> Result<(), SendError> {
-        let mapped = self.dask_workers().await?;
-        self.retiring
-            .retain(|a| mapped.iter().any(|m| &m.address == a));
-        let guard = Guard {
-            min_workers: self.config.min_workers,
-            min_fraction: self.config.min_fraction,
-        };
+        // Agents of several hosts whose workers turned unhealthy together
+        // would otherwise read the same view in the same moment: a spread
+        // narrows that race (docs/dask.md says what remains of it).
+        tokio::time::sleep(jitter(RETIRE_JITTER)).await;
+        let mut mapped = self.dask_workers().await?;
         for worker in self.pending.clone() {
-            let addresses: Vec<String> = mapped
+            let mine: Vec<&Mapped> = mapped
                 .iter()
-                .filter(|m| m.worker.as_deref() == Some(worker.as_str()))
-                .filter(|m| !self.retiring.contains(&m.address))
-                .map(|m| m.address.clone())
+                .filter(|m| m.worker.as_deref() == Some(worker.as_str()) && !m.leaving())
                 .collect();
-            if addresses.is_empty() {
+            if mine.is_empty() {
                 debug!(sink = %self.config.name, %worker, "no Dask worker of this worker is in the cluster");
                 continue;
             }
-            let leaving = self.retiring.len() + addresses.len();
-            if let Err(blocked) = guard.check(mapped.len(), leaving) {
+            let addresses: Vec<String> = mine.iter().map(|m| m.address.clone()).collect();
+            let running = mine.iter().filter(|m| m.running()).count();
+            if let Err(blocked) = self
+                .config
+                .guard
+                .check(&capacity(&mapped), mine.len(), running)
+            {
                 if self.blocked.insert(worker.clone()) {
                     warn!(sink = %self.config.name, %worker, dask = ?addresses, %blocked, "retirement refused by the cluster guard");
-                    self.report_blocked(&worker, &addresses, &blocked.to_string());
+                    self.report(EventKind::GuardBlocked, &worker, &addresses, &format!(
+                        "not retiring Dask worker(s) {}: {blocked}; retried when the cluster changes",
+                        addresses.join(", ")
+                    ));
                 }
                 continue;
             }
-            self.retire(&addresses).await?;
-            info!(sink = %self.config.name, %worker, dask = ?addresses, "Dask workers retired");
-            self.recorder
-                .metrics()
-                .scheduler_actions
-                .with_label_values(&[self.config.name.as_str(), "retire"])
-                .inc();
-            self.retiring.extend(addresses);
+            let retired = self.retire(&addresses).await?;
+            if retired.is_empty() {
+                if self.blocked.insert(worker.clone()) {
+                    warn!(sink = %self.config.name, %worker, dask = ?addresses, "the scheduler retired none of the workers asked");
+                    self.report(EventKind::ActionRefused, &worker, &addresses, &format!(
+                        "Dask retired none of {}: its retire_workers answer listed none (it keeps a \
+                         worker whose data has nowhere to go); retried when the cluster changes",
+                        addresses.join(", ")
+                    ));
+                }
+                continue;
+            }
+            info!(sink = %self.config.name, %worker, dask = ?retired, "Dask workers retired");
+            self.count("retire");
+            for m in mapped.iter_mut().filter(|m| retired.contains(&m.address)) {
+                m.status = Some("closing_gracefully".into());
+            }
             self.pending.remove(&worker);
             self.blocked.remove(&worker);
             self.done.insert(worker);
@@ -211,7 +227,9 @@ impl DaskSink {
         Ok(())
     }
 
-    async fn retire(&self, addresses: &[String]) -> Result<(), SendError> {
+    /// Asks the scheduler to retire `addresses`; the ones it says it
+    /// retired (the keys of its answer).
+    async fn retire(&self, addresses: &[String]) -> Result<BTreeSet<String>, SendError> {
         let url = api_url(&self.config, "api/v1/retire_workers");
         let response = self
             .client
@@ -227,22 +245,28 @@ impl DaskSink {
                 format!("retire_workers {addresses:?} answered {status}"),
             ));
         }
-        Ok(())
+        let answer: serde_json::Map<String, serde_json::Value> =
+            response.json().await.map_err(|e| {
+                SendError::new(FailureClass::Other, format!("retire_workers answer: {e}"))
+            })?;
+        Ok(answer.into_iter().map(|(address, _)| address).collect())
     }
 
-    fn report_blocked(&self, worker: &str, addresses: &[String], why: &str) {
-        let mut body = EventBody::new(EventKind::GuardBlocked);
-        body.worker = Some(worker.to_string());
-        body.scheduler_worker = addresses.first().cloned();
-        body.reason = Some(format!(
-            "not retiring Dask worker(s) {}: {why}; retried when the cluster changes",
-            addresses.join(", ")
-        ));
+    fn count(&self, action: &str) {
         self.recorder
             .metrics()
             .scheduler_actions
-            .with_label_values(&[self.config.name.as_str(), "guard_blocked"])
+            .with_label_values(&[self.config.name.as_str(), action])
             .inc();
+    }
+
+    /// Records a `guard_blocked` or `action_refused` event of `worker`.
+    fn report(&self, kind: EventKind, worker: &str, addresses: &[String], reason: &str) {
+        let mut body = EventBody::new(kind);
+        body.worker = Some(worker.to_string());
+        body.scheduler_worker = addresses.first().cloned();
+        body.reason = Some(reason.to_string());
+        self.count(kind.as_str());
         self.recorder.record(body, None);
     }
 }
@@ -264,6 +288,25 @@ impl Sink for DaskSink {
             return Ok(());
         }
         self.retire_pending().await
+    }
+}
+
+/// The longest pause before a retirement round reads the scheduler's view.
+const RETIRE_JITTER: Duration = Duration::from_millis(500);
+
+/// A pause of up to `max`, different on every host and call.
+fn jitter(max: Duration) -> Duration {
+    let random = uuid::Uuid::now_v7().as_u128() as u64;
+    let nanos = max.as_nanos().max(1) as u64;
+    Duration::from_nanos(random % nanos)
+}
+
+/// The scheduler's view, as the cluster guard counts it.
+fn capacity(mapped: &[Mapped]) -> Capacity {
+    Capacity {
+        listed: mapped.len(),
+        leaving: mapped.iter().filter(|m| m.leaving()).count(),
+        running: mapped.iter().filter(|m| m.running()).count(),
     }
 }
 
@@ -294,7 +337,7 @@ pub(crate) async fn refresh_names(
     let Ok(client) = client(&config.delivery) else {
         return;
     };
-    let url = api_url(&config, "api/v1/get_workers");
+    let url = api_url(&config, "json/identity.json");
     let mut ticker = tokio::time::interval(config.refresh_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -304,14 +347,14 @@ pub(crate) async fn refresh_names(
         }
         let answer = async {
             let response = client.get(url.clone()).send().await?.error_for_status()?;
-            response.json::<GetWorkers>().await
+            response.json::<Identity>().await
         };
         match tokio::time::timeout(config.delivery.timeout + Duration::from_secs(1), answer).await {
             Ok(Ok(answer)) => {
                 let specs = Arc::clone(&specs);
+                let workers = answer.workers();
                 if let Ok(mapped) =
-                    tokio::task::spawn_blocking(move || names::map_workers(&specs, &answer.workers))
-                        .await
+                    tokio::task::spawn_blocking(move || names::map_workers(&specs, &workers)).await
                 {
                     names.update(&mapped);
                 }

@@ -27,19 +27,46 @@ use crate::{
     model::spec::{MemorySource, WorkerSpec},
 };
 
-/// One entry of `GET /api/v1/get_workers`.
+/// One worker as the scheduler lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub(crate) struct DaskWorker {
     pub address: String,
     /// `dask worker --name`; a number or a string.
     #[serde(default)]
     pub name: serde_json::Value,
+    /// The scheduler's status of the worker: `running`, `paused`,
+    /// `closing_gracefully` (being retired, by anyone), `closing`, `closed`.
+    #[serde(default)]
+    pub status: Option<String>,
 }
 
-/// The answer of `GET /api/v1/get_workers`.
+/// The answer of `GET /json/identity.json`: every worker by address, with
+/// the status the scheduler holds (`/api/v1/get_workers` has no status).
 #[derive(Debug, Deserialize)]
-pub(crate) struct GetWorkers {
-    pub workers: Vec<DaskWorker>,
+pub(crate) struct Identity {
+    #[serde(default)]
+    workers: std::collections::BTreeMap<String, IdentityWorker>,
+}
+
+#[derive(Debug, Deserialize)]
+struct IdentityWorker {
+    #[serde(default)]
+    name: serde_json::Value,
+    #[serde(default)]
+    status: Option<String>,
+}
+
+impl Identity {
+    pub(crate) fn workers(self) -> Vec<DaskWorker> {
+        self.workers
+            .into_iter()
+            .map(|(address, w)| DaskWorker {
+                address,
+                name: w.name,
+                status: w.status,
+            })
+            .collect()
+    }
 }
 
 /// A Dask worker and the memwatch worker it belongs to.
@@ -49,6 +76,24 @@ pub struct Mapped {
     pub worker: Option<String>,
     /// The process listening on the Dask address, when it is on this host.
     pub pid: Option<u32>,
+    /// The scheduler's status of the worker (see [`DaskWorker::status`]).
+    pub status: Option<String>,
+}
+
+impl Mapped {
+    /// On its way out, whoever retired it.
+    pub(crate) fn leaving(&self) -> bool {
+        matches!(
+            self.status.as_deref(),
+            Some("closing_gracefully" | "closing" | "closed" | "failed")
+        )
+    }
+
+    /// Running work (a paused worker runs none; an unknown status counts
+    /// as running, the cautious side).
+    pub(crate) fn running(&self) -> bool {
+        !self.leaving() && self.status.as_deref() != Some("paused")
+    }
 }
 
 /// Dask addresses of the processes on this host, for `oom_kill` events
@@ -140,6 +185,7 @@ pub(crate) fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapp
                 address: d.address.clone(),
                 worker: owner.map(|(name, _)| name).or_else(by_name).or_else(host),
                 pid,
+                status: d.status.clone(),
             }
         })
         .collect()
@@ -253,19 +299,23 @@ mod tests {
             DaskWorker {
                 address: format!("tcp://127.0.0.1:{port}"),
                 name: serde_json::json!("tcp://ignored"),
+                status: None,
             },
             // Same port, another host: not ours, whatever listens here.
             DaskWorker {
                 address: format!("tcp://192.0.2.7:{port}"),
                 name: serde_json::json!("w9"),
+                status: None,
             },
             DaskWorker {
                 address: "tcp://127.0.0.1:1".into(),
                 name: serde_json::json!("other"),
+                status: None,
             },
             DaskWorker {
                 address: "tcp://10.0.0.9:2".into(),
                 name: serde_json::json!(7),
+                status: None,
             },
         ];
         let mapped = map_workers(&specs, &dask);

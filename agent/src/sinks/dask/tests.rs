@@ -12,37 +12,63 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::sinks::guard::Guard;
 use crate::{model::spec::MemorySource, outbox::Outbox, telemetry::Metrics};
 
-/// A Dask scheduler's HTTP API: the workers it lists, the retirements asked.
+/// A Dask scheduler's HTTP API: the workers it lists with their status,
+/// the retirements asked; it retires as Dask does (the answer names the
+/// workers retired), or refuses (`refuse`: an empty answer).
 #[derive(Clone, Default)]
 struct FakeScheduler {
     workers: Arc<Mutex<Vec<(String, String)>>>,
+    /// Status by address; `running` when absent.
+    status: Arc<Mutex<std::collections::HashMap<String, String>>>,
     retired: Arc<Mutex<Vec<Vec<String>>>>,
+    refuse: Arc<std::sync::atomic::AtomicBool>,
 }
 
-async fn get_workers(State(f): State<FakeScheduler>) -> Json<Value> {
+impl FakeScheduler {
+    fn set_status(&self, address: &str, status: &str) {
+        self.status
+            .lock()
+            .unwrap()
+            .insert(address.into(), status.into());
+    }
+}
+
+async fn identity(State(f): State<FakeScheduler>) -> Json<Value> {
     let workers = f.workers.lock().unwrap();
-    let list: Vec<Value> = workers
+    let status = f.status.lock().unwrap();
+    let map: serde_json::Map<String, Value> = workers
         .iter()
-        .map(|(name, address)| json!({"name": name, "address": address}))
+        .map(|(name, address)| {
+            let s = status.get(address).map_or("running", String::as_str);
+            (address.clone(), json!({"name": name, "status": s}))
+        })
         .collect();
-    Json(json!({"num_workers": list.len(), "workers": list}))
+    Json(json!({"type": "Scheduler", "workers": map}))
 }
 
 async fn retire_workers(State(f): State<FakeScheduler>, Json(body): Json<Value>) -> Json<Value> {
     let asked: Vec<String> = serde_json::from_value(body["workers"].clone()).unwrap();
+    f.retired.lock().unwrap().push(asked.clone());
+    if f.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+        return Json(json!({}));
+    }
     f.workers
         .lock()
         .unwrap()
         .retain(|(_, a)| !asked.contains(a));
-    f.retired.lock().unwrap().push(asked);
-    Json(json!({}))
+    let answer: serde_json::Map<String, Value> = asked
+        .into_iter()
+        .map(|a| (a, json!({"status": "closed"})))
+        .collect();
+    Json(Value::Object(answer))
 }
 
 async fn serve(fake: FakeScheduler) -> String {
     let app = Router::new()
-        .route("/api/v1/get_workers", get(get_workers))
+        .route("/json/identity.json", get(identity))
         .route("/api/v1/retire_workers", post(retire_workers))
         .with_state(fake);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -68,8 +94,7 @@ fn sink(url: &str, outbox: &Outbox) -> DaskSink {
     let config = DaskConfig {
         name: "dask-1".into(),
         url: url.parse().unwrap(),
-        min_workers: 1,
-        min_fraction: 0.5,
+        guard: Guard::default(),
         refresh_interval: Duration::from_secs(1),
         delivery: Delivery {
             timeout: Duration::from_secs(5),
@@ -119,12 +144,33 @@ fn heartbeat(seq: u64, unhealthy: &[&str]) -> Event {
     )
 }
 
-fn guard_blocked(outbox: &Outbox) -> Vec<Event> {
+fn of_kind(outbox: &Outbox, kind: EventKind) -> Vec<Event> {
     outbox
         .read(0, 100)
         .into_iter()
-        .filter(|e| e.body.kind == EventKind::GuardBlocked)
+        .filter(|e| e.body.kind == kind)
         .collect()
+}
+
+fn guard_blocked(outbox: &Outbox) -> Vec<Event> {
+    of_kind(outbox, EventKind::GuardBlocked)
+}
+
+fn two_workers() -> FakeScheduler {
+    let fake = FakeScheduler::default();
+    *fake.workers.lock().unwrap() = vec![
+        ("w1".into(), "tcp://192.0.2.1:1".into()),
+        ("w2".into(), "tcp://192.0.2.2:2".into()),
+    ];
+    fake
+}
+
+fn outbox() -> Outbox {
+    Outbox::new(
+        "h",
+        100,
+        Metrics::new(&prometheus::Registry::new()).unwrap(),
+    )
 }
 
 #[tokio::test]
@@ -218,4 +264,98 @@ async fn an_unreachable_scheduler_fails_the_batch_for_a_retry() {
     sink.send(&[event(2, EventKind::TaskStarted, Some("w1"), None)])
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_another_host_is_retiring_counts_as_gone() {
+    let fake = two_workers();
+    // w2 is being retired by another host's agent (or anyone).
+    fake.set_status("tcp://192.0.2.2:2", "closing_gracefully");
+    let url = serve(fake.clone()).await;
+    let outbox = outbox();
+    let mut sink = sink(&url, &outbox);
+    sink.send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
+        .await
+        .unwrap();
+    assert!(fake.retired.lock().unwrap().is_empty(), "w1 kept");
+    let blocked = guard_blocked(&outbox);
+    assert_eq!(blocked.len(), 1);
+    assert!(
+        blocked[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("would leave 0 of 2"),
+        "{blocked:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_paused_worker_may_go_where_a_running_one_may_not() {
+    let fake = two_workers();
+    fake.workers
+        .lock()
+        .unwrap()
+        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    // w2 and w3 paused (over Dask's pause threshold): one worker runs.
+    fake.set_status("tcp://192.0.2.2:2", "paused");
+    fake.set_status("tcp://192.0.2.3:3", "paused");
+    let url = serve(fake.clone()).await;
+    let outbox = outbox();
+    let mut sink = sink(&url, &outbox);
+    // The running one is kept: fewer running workers than the floor (2 of 3) would be left.
+    sink.send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
+        .await
+        .unwrap();
+    assert!(fake.retired.lock().unwrap().is_empty());
+    assert_eq!(guard_blocked(&outbox).len(), 1);
+    // A paused one goes: it runs nothing, and 2 of 3 remain.
+    sink.send(&[event(2, EventKind::WorkerUnhealthy, Some("w2"), None)])
+        .await
+        .unwrap();
+    assert_eq!(*fake.retired.lock().unwrap(), [["tcp://192.0.2.2:2"]]);
+}
+
+#[tokio::test]
+async fn a_retirement_the_scheduler_refuses_is_reported_and_tried_again() {
+    let fake = FakeScheduler::default();
+    *fake.workers.lock().unwrap() = vec![
+        ("w1".into(), "tcp://192.0.2.1:1".into()),
+        ("w2".into(), "tcp://192.0.2.2:2".into()),
+        ("w3".into(), "tcp://192.0.2.3:3".into()),
+    ];
+    fake.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    let url = serve(fake.clone()).await;
+    let outbox = outbox();
+    let mut sink = sink(&url, &outbox);
+    sink.send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
+        .await
+        .unwrap();
+    let refused = of_kind(&outbox, EventKind::ActionRefused);
+    assert_eq!(refused.len(), 1, "reported as refused, not as retired");
+    assert!(
+        refused[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("retired none"),
+        "{refused:?}"
+    );
+    // Still pending: the next heartbeat asks again (reported once), and
+    // once the scheduler agrees, it is done.
+    sink.send(&[heartbeat(2, &["w1"])]).await.unwrap();
+    assert_eq!(fake.retired.lock().unwrap().len(), 2);
+    assert_eq!(of_kind(&outbox, EventKind::ActionRefused).len(), 1);
+    fake.refuse
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    sink.send(&[heartbeat(3, &["w1"])]).await.unwrap();
+    assert_eq!(fake.retired.lock().unwrap().len(), 3);
+    sink.send(&[heartbeat(4, &["w1"])]).await.unwrap();
+    assert_eq!(
+        fake.retired.lock().unwrap().len(),
+        3,
+        "done: not asked again"
+    );
 }

@@ -5,7 +5,10 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::sinks::config::{Delivery, InvalidKey, SinkTable};
+use crate::sinks::{
+    config::{Delivery, InvalidKey, SinkTable},
+    guard::Guard,
+};
 
 /// Requeues of one job memwatch makes at most.
 pub(super) const DEFAULT_SLURM_MAX_REQUEUES: u32 = 3;
@@ -25,7 +28,7 @@ pub enum RequeuePolicy {
     AnyNode,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SlurmConfig {
     pub name: String,
     /// The `scontrol` program (on PATH by default).
@@ -37,6 +40,9 @@ pub struct SlurmConfig {
     pub drain: bool,
     pub requeue: RequeuePolicy,
     pub max_requeues: u32,
+    /// The cluster guard: nodes of the node's partitions that must stay
+    /// open (`min_remaining`, `min_remaining_fraction`).
+    pub guard: Guard,
     /// `timeout` is the time allowed to one `scontrol` run.
     pub delivery: Delivery,
 }
@@ -53,6 +59,8 @@ struct SlurmFile {
     drain: Option<bool>,
     requeue: Option<RequeuePolicy>,
     max_requeues: Option<u32>,
+    min_remaining: Option<usize>,
+    min_remaining_fraction: Option<f64>,
 }
 
 impl SlurmConfig {
@@ -63,6 +71,7 @@ impl SlurmConfig {
         };
         let delivery = table.delivery(defaults, false)?;
         let file: SlurmFile = table.rest()?;
+        let guard = Guard::from_keys(&table, file.min_remaining, file.min_remaining_fraction)?;
         let scontrol = file.scontrol.unwrap_or_else(|| PathBuf::from("scontrol"));
         if scontrol.as_os_str().is_empty() {
             return Err(table.invalid("scontrol", "must not be empty"));
@@ -83,6 +92,7 @@ impl SlurmConfig {
             drain: file.drain.unwrap_or(true),
             requeue: file.requeue.unwrap_or_default(),
             max_requeues: file.max_requeues.unwrap_or(DEFAULT_SLURM_MAX_REQUEUES),
+            guard,
             delivery,
         })
     }

@@ -22,35 +22,41 @@
 //! `status` and not retried. Events of a retried batch already acted on are
 //! skipped (the last handled seq is in the same file).
 
+mod config;
+mod nodes;
+pub(crate) mod scontrol;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs, io,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
-use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
-
-mod config;
-pub(crate) mod scontrol;
-
 use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
 
 pub(crate) use self::config::{RequeuePolicy, SlurmConfig};
-use self::scontrol::ScontrolError;
+use self::{nodes::Node, scontrol::ScontrolError};
 use crate::{
-    model::event::{Event, EventKind},
+    model::event::{Event, EventBody, EventKind},
+    record::Recorder,
     sinks::{
         SinkContext, Start,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
     },
-    telemetry::Metrics,
 };
 
 /// Slurm keeps reasons short in its listings.
 const MAX_REASON: usize = 200;
+/// How long after a drain the controller's view is read again: longer than
+/// an agent elsewhere takes from reading the view to its own drain landing
+/// (one `scontrol` round trip), so concurrent drains are seen from both
+/// sides.
+const GUARD_SETTLE: Duration = Duration::from_secs(2);
 /// How often a requeued job is checked until it is pending again.
 const PENDING_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// Prefix of every reason memwatch sets: how it knows a drain is its own.
@@ -78,7 +84,7 @@ impl Start for SlurmConfig {
             self.clone(),
             ctx.node_name.clone(),
             &ctx.state_dir,
-            ctx.metrics.clone(),
+            ctx.recorder.clone(),
         )
         .with_context(|| {
             format!(
@@ -97,7 +103,15 @@ pub(crate) struct SlurmSink {
     default_node: String,
     path: PathBuf,
     state: SlurmState,
-    metrics: Metrics,
+    recorder: Recorder,
+    /// Unhealthy workers whose node is not drained (the guard kept it, or
+    /// a concurrent drain elsewhere undid ours): tried again at every
+    /// heartbeat that still says so.
+    pending: BTreeSet<String>,
+    /// Workers whose `guard_blocked` was reported in this episode.
+    blocked: BTreeSet<String>,
+    /// How long after a drain the view is read again ([`GUARD_SETTLE`]).
+    settle: Duration,
 }
 
 impl SlurmSink {
@@ -105,7 +119,7 @@ impl SlurmSink {
         config: SlurmConfig,
         default_node: String,
         state_dir: &Path,
-        metrics: Metrics,
+        recorder: Recorder,
     ) -> io::Result<Self> {
         let path = state_dir.join(format!("slurm-{}.json", config.name));
         let state = match fs::read(&path) {
@@ -118,7 +132,10 @@ impl SlurmSink {
             default_node,
             path,
             state,
-            metrics,
+            recorder,
+            pending: BTreeSet::new(),
+            blocked: BTreeSet::new(),
+            settle: GUARD_SETTLE,
         })
     }
 
@@ -149,7 +166,8 @@ impl SlurmSink {
     }
 
     fn count(&self, action: &str) {
-        self.metrics
+        self.recorder
+            .metrics()
             .scheduler_actions
             .with_label_values(&[self.config.name.as_str(), action])
             .inc();
@@ -160,9 +178,15 @@ impl SlurmSink {
         let worker = event.body.worker.as_deref();
         match (event.body.kind, worker) {
             (EventKind::WorkerUnhealthy, Some(w)) if self.config.drain => {
-                self.drain(w, event).await
+                self.blocked.remove(w);
+                self.drain(w, event.body.reason.as_deref()).await
             }
-            (EventKind::WorkerRecovered, Some(w)) if self.config.drain => self.resume(w).await,
+            (EventKind::WorkerRecovered, Some(w)) if self.config.drain => {
+                self.pending.remove(w);
+                self.blocked.remove(w);
+                self.resume(w).await
+            }
+            (EventKind::Heartbeat, _) if self.config.drain => self.retry_pending(event).await,
             (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
                 match job_id(event) {
                     Some(job) => self.requeue(job).await,
@@ -180,44 +204,163 @@ impl SlurmSink {
         Ok(scontrol::fields(out.lines().next().unwrap_or("")))
     }
 
-    async fn drain(&mut self, worker: &str, event: &Event) -> Result<(), ScontrolError> {
+    /// Every node as the controller sees it now.
+    async fn nodes(&self) -> Result<Vec<Node>, ScontrolError> {
+        let out = self
+            .scontrol(&["show".into(), "node".into(), "-o".into()])
+            .await?;
+        Ok(nodes::parse(&out))
+    }
+
+    /// Drains the node of an unhealthy worker, within the cluster guard:
+    /// never when fewer nodes of its partitions than the floor would stay
+    /// open, counting every node drained, draining or down by anyone. After
+    /// draining, the view is read again (once drains started elsewhere in
+    /// the same moment have landed): if they crossed the floor together,
+    /// the lowest-named node keeps its drain and the others are resumed.
+    async fn drain(&mut self, worker: &str, why: Option<&str>) -> Result<(), ScontrolError> {
         let node = self.node_of(worker);
         if let Some(workers) = self.state.drained.get_mut(&node) {
             workers.insert(worker.to_string());
             return Ok(());
         }
-        let fields = self.node_fields(&node).await?;
-        let state = fields.get("State").map_or("", String::as_str);
-        let reason = fields.get("Reason").map_or("", String::as_str);
-        if state.contains("DRAIN") && !reason.starts_with(REASON_PREFIX) {
-            info!(sink = %self.config.name, %node, %worker, %reason, "node already drained by someone else; left alone");
+        let all = self.nodes().await?;
+        let Some(me) = all.iter().find(|n| n.name == node) else {
+            warn!(sink = %self.config.name, %node, %worker, "the controller does not know this node; not drained");
+            return Ok(());
+        };
+        if me.state.contains("DRAIN") {
+            if me.drained_by_memwatch() {
+                // A drain of ours this sink's state file lost: adopt it.
+                self.state
+                    .drained
+                    .entry(node)
+                    .or_default()
+                    .insert(worker.into());
+            } else {
+                info!(sink = %self.config.name, %node, %worker, reason = %me.reason, "node already drained by someone else; left alone");
+            }
             return Ok(());
         }
-        let mut why = format!(
+        let pool = nodes::pool(&all, me);
+        let taking = usize::from(!me.gone());
+        if let Err(blocked) = self
+            .config
+            .guard
+            .check(&nodes::capacity(&pool), taking, taking)
+        {
+            let reason = format!(
+                "not draining node {node}: {blocked}; retried while the worker stays unhealthy"
+            );
+            self.hold(worker, &node, &reason);
+            return Ok(());
+        }
+        let mut reason = format!(
             "{REASON_PREFIX} worker {worker} unhealthy: {}",
-            event.body.reason.as_deref().unwrap_or("no reason given")
+            why.unwrap_or("no reason given")
         );
-        if why.len() > MAX_REASON {
+        if reason.len() > MAX_REASON {
             let mut end = MAX_REASON;
-            while !why.is_char_boundary(end) {
+            while !reason.is_char_boundary(end) {
                 end -= 1;
             }
-            why.truncate(end);
+            reason.truncate(end);
         }
+        let decided = std::time::Instant::now();
         self.scontrol(&[
             "update".into(),
             format!("NodeName={node}"),
             "State=DRAIN".into(),
-            format!("Reason={why}"),
+            format!("Reason={reason}"),
         ])
         .await?;
         info!(sink = %self.config.name, %node, %worker, "node drained");
         self.count("drain");
         self.state
             .drained
-            .entry(node)
+            .entry(node.clone())
             .or_default()
             .insert(worker.to_string());
+        self.pending.remove(worker);
+        self.blocked.remove(worker);
+        self.recheck(worker, &node, decided).await
+    }
+
+    /// The check after a drain: see [`SlurmSink::drain`].
+    async fn recheck(
+        &mut self,
+        worker: &str,
+        node: &str,
+        decided: std::time::Instant,
+    ) -> Result<(), ScontrolError> {
+        tokio::time::sleep(self.settle).await;
+        let all = self.nodes().await?;
+        let Some(me) = all.iter().find(|n| n.name == node) else {
+            return Ok(());
+        };
+        let pool = nodes::pool(&all, me);
+        let keeper = nodes::keeper(&pool);
+        if !self.config.guard.crossed(&nodes::capacity(&pool)) || keeper == Some(node) {
+            debug!(sink = %self.config.name, %node, checked_after = ?decided.elapsed(), "drain re-checked");
+            return Ok(());
+        }
+        self.scontrol(&[
+            "update".into(),
+            format!("NodeName={node}"),
+            "State=RESUME".into(),
+        ])
+        .await?;
+        self.state.drained.remove(node);
+        self.count("undo");
+        let reason = format!(
+            "node {node} resumed: drained in the same moment as {} on another host, which crossed the \
+             cluster guard's floor; {} keeps its drain (the lowest name); retried while the worker stays unhealthy",
+            keeper.unwrap_or("another node"),
+            keeper.unwrap_or("that node")
+        );
+        warn!(sink = %self.config.name, %node, undone_after = ?decided.elapsed(), "concurrent drains crossed the floor; ours undone");
+        self.hold(worker, node, &reason);
+        Ok(())
+    }
+
+    /// The worker stays unhealthy with its node open: say so once, and try
+    /// again at the next heartbeat.
+    fn hold(&mut self, worker: &str, node: &str, reason: &str) {
+        self.pending.insert(worker.to_string());
+        if self.blocked.insert(worker.to_string()) {
+            warn!(sink = %self.config.name, %node, %worker, %reason, "drain held by the cluster guard");
+            let mut body = EventBody::new(EventKind::GuardBlocked);
+            body.worker = Some(worker.to_string());
+            body.scheduler_worker = Some(node.to_string());
+            body.reason = Some(reason.to_string());
+            self.count("guard_blocked");
+            self.recorder.record(body, None);
+        }
+    }
+
+    /// At a heartbeat: a held worker still unhealthy is tried again (the
+    /// cluster may have changed); one no longer unhealthy is let go.
+    async fn retry_pending(&mut self, heartbeat: &Event) -> Result<(), ScontrolError> {
+        for worker in self.pending.clone() {
+            let status = heartbeat
+                .body
+                .state
+                .as_ref()
+                .and_then(|s| s.get("workers"))
+                .and_then(|w| w.as_array())
+                .and_then(|ws| {
+                    ws.iter()
+                        .find(|w| w.get("name").and_then(|n| n.as_str()) == Some(worker.as_str()))
+                })
+                .and_then(|w| w.get("status"))
+                .and_then(|s| s.as_str());
+            if status == Some("unhealthy") {
+                self.drain(&worker, None).await?;
+            } else {
+                self.pending.remove(&worker);
+                self.blocked.remove(&worker);
+            }
+        }
         Ok(())
     }
 
@@ -355,7 +498,8 @@ impl Sink for SlurmSink {
                 Ok(()) => {}
                 Err(error) if !error.transient() => {
                     warn!(sink = %self.config.name, seq = event.seq, kind = event.body.kind.as_str(), %error, "scontrol refused; not retried");
-                    self.metrics
+                    self.recorder
+                        .metrics()
                         .sink_failures
                         .with_label_values(&[self.config.name.as_str(), error.class().as_str()])
                         .inc();

@@ -3,7 +3,16 @@ use std::{os::unix::fs::PermissionsExt as _, time::Duration};
 use chrono::Utc;
 
 use super::*;
-use crate::model::event::EventBody;
+use crate::{outbox::Outbox, sinks::guard::Guard, telemetry::Metrics};
+
+fn held(sink: &SlurmSink) -> Vec<Event> {
+    sink.recorder
+        .outbox()
+        .read(0, 100)
+        .into_iter()
+        .filter(|e| e.body.kind == EventKind::GuardBlocked)
+        .collect()
+}
 
 /// A fake `scontrol` that logs its arguments and keeps node drains as files.
 const FAKE: &str = r#"#!/bin/sh
@@ -11,9 +20,14 @@ dir=$(dirname "$0")
 echo "$*" >> "$dir/calls"
 case "$1 $2" in
 "show node")
-    if [ "$3" = n2 ]; then echo "NodeName=n2 State=IDLE+DRAIN Reason=maintenance [root@x]"
-    elif [ -f "$dir/drained-$3" ]; then echo "NodeName=$3 State=IDLE+DRAIN Reason=$(cat "$dir/drained-$3")"
-    else echo "NodeName=$3 State=IDLE"; fi; exit 0;;
+    # `show node -o`: every node, its partition from the file `partition-<node>` (main by default).
+    if [ "$3" = "-o" ]; then nodes="n1 n2 n3"; else nodes=$3; fi
+    for n in $nodes; do
+        p=main; [ -f "$dir/partition-$n" ] && p=$(cat "$dir/partition-$n")
+        if [ -f "$dir/maint-$n" ]; then echo "NodeName=$n State=IDLE+DRAIN Partitions=$p Reason=maintenance [root@x]"
+        elif [ -f "$dir/drained-$n" ]; then echo "NodeName=$n State=IDLE+DRAIN Partitions=$p Reason=$(cat "$dir/drained-$n")"
+        else echo "NodeName=$n State=IDLE Partitions=$p"; fi
+    done; exit 0;;
 "show job")
     if [ -f "$dir/requeued-$3" ]; then echo "JobId=$3 JobState=PENDING BatchHost=n1"
     else echo "JobId=$3 JobState=RUNNING BatchHost=n1 NodeList=n1"; fi; exit 0;;
@@ -28,6 +42,11 @@ for a in "$@"; do
     Reason=*) [ -n "$drain" ] && echo "${a#Reason=}" > "$dir/drained-$node";;
     esac
 done
+# Another host drains `race-<node>`'s node in the same moment as this drain.
+if [ -n "$drain" ] && [ -f "$dir/race" ]; then
+    other=$(cat "$dir/race"); rm -f "$dir/race"
+    echo "memwatch: worker of $other unhealthy" > "$dir/drained-$other"
+fi
 "#;
 
 struct Fixture {
@@ -41,27 +60,64 @@ impl Fixture {
         let script = dir.path().join("scontrol");
         fs::write(&script, FAKE).unwrap();
         fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        // n2 is drained by an operator.
+        fs::write(dir.path().join("maint-n2"), "").unwrap();
         Fixture { dir, seq: 0 }
     }
 
+    fn touch(&self, file: &str, text: &str) {
+        fs::write(self.dir.path().join(file), text).unwrap();
+    }
+
+    /// The sink with a guard that keeps one node of the partition.
     fn sink(&self) -> SlurmSink {
+        self.sink_with(Guard {
+            min_remaining: 1,
+            min_remaining_fraction: 0.0,
+        })
+    }
+
+    fn sink_with(&self, guard: Guard) -> SlurmSink {
         let config = SlurmConfig {
             name: "slurm-1".into(),
             scontrol: self.dir.path().join("scontrol"),
-            nodes: [("w1", "n1"), ("w2", "n2")]
+            nodes: [("w1", "n1"), ("w2", "n2"), ("w3", "n3")]
                 .into_iter()
                 .map(|(w, n)| (w.to_string(), n.to_string()))
                 .collect(),
             drain: true,
             requeue: RequeuePolicy::OtherNode,
             max_requeues: 1,
+            guard,
             delivery: Delivery {
                 timeout: Duration::from_secs(5),
                 ..Delivery::default()
             },
         };
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-        SlurmSink::open(config, "host-node".into(), self.dir.path(), metrics).unwrap()
+        let recorder = Recorder::new(Outbox::new("h", 100, metrics.clone()), metrics);
+        let mut sink =
+            SlurmSink::open(config, "host-node".into(), self.dir.path(), recorder).unwrap();
+        sink.settle = Duration::from_millis(1);
+        sink
+    }
+
+    fn heartbeat(&mut self, unhealthy: &[&str]) -> Event {
+        let workers: Vec<serde_json::Value> = ["w1", "w2", "w3"]
+            .iter()
+            .map(|w| {
+                let status = if unhealthy.contains(w) {
+                    "unhealthy"
+                } else {
+                    "healthy"
+                };
+                serde_json::json!({"name": w, "status": status})
+            })
+            .collect();
+        self.event(EventKind::Heartbeat, "-", |b| {
+            b.worker = None;
+            b.state = Some(serde_json::json!({ "workers": workers }));
+        })
     }
 
     fn event(&mut self, kind: EventKind, worker: &str, f: impl FnOnce(&mut EventBody)) -> Event {
@@ -104,9 +160,10 @@ async fn drains_and_resumes_only_nodes_it_drained_across_restarts() {
     assert_eq!(
         calls,
         [
-            "show node n1 -o",
+            "show node -o",
             "update NodeName=n1 State=DRAIN Reason=memwatch: worker w1 unhealthy: unmanaged memory",
-            "show node n2 -o",
+            "show node -o",
+            "show node -o",
         ]
     );
     drop(sink);
@@ -119,7 +176,7 @@ async fn drains_and_resumes_only_nodes_it_drained_across_restarts() {
     ];
     sink.send(&batch).await.unwrap();
     assert_eq!(
-        fx.calls()[3..],
+        fx.calls()[4..],
         ["show node n1 -o", "update NodeName=n1 State=RESUME"]
     );
     assert!(!fx.dir.path().join("drained-n1").exists());
@@ -166,4 +223,90 @@ fn job_ids_come_from_cgroups_or_exec_task_ids() {
         b.task_id = Some("exec-9-1".into())
     });
     assert_eq!(job_id(&e), None);
+}
+
+#[tokio::test]
+async fn the_guard_keeps_a_node_open_and_drains_once_the_partition_can_spare_it() {
+    let mut fx = Fixture::new();
+    // Half of the partition must stay open: with n2 drained by an operator,
+    // n1 and n3 are what is left of three.
+    let mut sink = fx.sink_with(Guard::default());
+    let unhealthy = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[unhealthy]).await.unwrap();
+    assert_eq!(fx.calls(), ["show node -o"], "not drained");
+    let blocked = held(&sink);
+    assert_eq!(blocked.len(), 1);
+    let reason = blocked[0].body.reason.clone().unwrap();
+    assert!(reason.contains("would leave 1 of 3"), "{reason}");
+    assert_eq!(blocked[0].body.scheduler_worker.as_deref(), Some("n1"));
+
+    // Still blocked at the next heartbeat: looked again, said once.
+    let beat = fx.heartbeat(&["w1"]);
+    sink.send(&[beat]).await.unwrap();
+    assert_eq!(fx.calls(), ["show node -o", "show node -o"]);
+    assert_eq!(held(&sink).len(), 1);
+
+    // The operator resumed n2: the next heartbeat drains n1.
+    fs::remove_file(fx.dir.path().join("maint-n2")).unwrap();
+    let beat = fx.heartbeat(&["w1"]);
+    sink.send(&[beat]).await.unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists());
+
+    // A worker no longer unhealthy is let go without a drain.
+    let mut sink = fx.sink_with(Guard::default());
+    fx.touch("maint-n2", "");
+    let w3 = fx.event(EventKind::WorkerUnhealthy, "w3", |_| {});
+    sink.send(&[w3]).await.unwrap();
+    let beat = fx.heartbeat(&[]);
+    sink.send(&[beat]).await.unwrap();
+    assert!(sink.pending.is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_drains_that_cross_the_floor_keep_only_the_lowest_named_node() {
+    let mut fx = Fixture::new();
+    // n1 and n3 alone in their partition; one must stay open.
+    fs::remove_file(fx.dir.path().join("maint-n2")).unwrap();
+    fx.touch("partition-n2", "other");
+    let mut sink = fx.sink();
+    // This agent drains n3 while another host's agent drains n1.
+    fx.touch("race", "n1");
+    let unhealthy = fx.event(EventKind::WorkerUnhealthy, "w3", |_| {});
+    sink.send(&[unhealthy]).await.unwrap();
+    assert!(
+        fx.dir.path().join("drained-n1").exists(),
+        "n1 keeps its drain"
+    );
+    assert!(
+        !fx.dir.path().join("drained-n3").exists(),
+        "n3 resumed: {:?}",
+        fx.calls()
+    );
+    assert_eq!(
+        fx.calls().last().map(String::as_str),
+        Some("update NodeName=n3 State=RESUME")
+    );
+    let blocked = held(&sink);
+    assert_eq!(blocked.len(), 1);
+    assert!(
+        blocked[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("n1 keeps its drain"),
+        "{blocked:?}"
+    );
+    assert!(sink.pending.contains("w3"), "tried again later");
+
+    // The other way round, the lowest name is ours: kept.
+    let mut fx = Fixture::new();
+    fs::remove_file(fx.dir.path().join("maint-n2")).unwrap();
+    fx.touch("partition-n2", "other");
+    let mut sink = fx.sink();
+    fx.touch("race", "n3");
+    let unhealthy = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[unhealthy]).await.unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists());
+    assert!(held(&sink).is_empty());
 }
