@@ -40,6 +40,8 @@ pub use probe::{
     ProbeEvent,
     decode::{ClockPair, record as decode_record},
 };
+/// A configured sink, as `Config::sinks` holds it.
+pub use sinks::SinkConfig;
 pub use sinks::{
     config::{Delivery, Secret},
     delivery::run as deliver,
