@@ -228,3 +228,98 @@ async fn slurm_unhealthy_node_is_drained_with_its_reason_and_resumed_after_recov
         );
     }
 }
+
+/// Two hosts (two agents, own state directories, node names and ports; one
+/// worker each, on n1 and n2 of one partition) whose workers turn unhealthy
+/// in the same moment: the cluster guard (one node of two must stay open)
+/// leaves exactly one node drained (the first to drain; n1, the lowest name,
+/// when both drained in the same moment), the other host's agent says why
+/// its node stays open, and the partition is below its floor for no longer
+/// than one re-check (2 s) and a poll.
+#[tokio::test]
+async fn slurm_two_hosts_never_drain_the_whole_partition() {
+    const TEST: &str = "slurm_two_hosts_never_drain_the_whole_partition";
+    if !setup(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster = SlurmCluster::start();
+    let workers = [
+        TestCgroup::create("slurm-two-n1"),
+        TestCgroup::create("slurm-two-n2"),
+    ];
+    let mut agents = Vec::new();
+    for (node, worker) in ["n1", "n2"].iter().zip(&workers) {
+        agents.push(
+            Agent::start_with_config(&format!(
+                "sample_interval = \"100ms\"\nheartbeat_interval = \"2s\"\n\
+                 [[worker]]\nname = \"{node}w\"\ncgroup = \"{}\"\nsoft_cap = \"100MiB\"\n\
+                 unhealthy_after = \"2s\"\nrecover_after = \"2s\"\n{}",
+                worker.path_str(),
+                sink_config(&cluster, &format!("nodes = {{ {node}w = \"{node}\" }}\n"))
+            ))
+            .await,
+        );
+    }
+    // Both leak at once.
+    let _hogs: Vec<Guarded> = workers
+        .iter()
+        .map(|w| Guarded(memhog_in(w.path(), 200, 60).spawn().expect("spawn memhog")))
+        .collect();
+    // Watch the partition for 15 s: how long were both nodes drained?
+    let start = Instant::now();
+    let mut both_since: Option<Instant> = None;
+    let mut longest_both = Duration::ZERO;
+    let mut first_drain: Option<Duration> = None;
+    while start.elapsed() < Duration::from_secs(15) {
+        let drained: Vec<String> = cluster
+            .node_states()
+            .into_iter()
+            .filter(|(_, s)| s.starts_with("drain"))
+            .map(|(n, _)| n)
+            .collect();
+        if !drained.is_empty() && first_drain.is_none() {
+            first_drain = Some(start.elapsed());
+        }
+        match (drained.len(), both_since) {
+            (2, None) => both_since = Some(Instant::now()),
+            (2, Some(since)) => longest_both = longest_both.max(since.elapsed()),
+            (_, Some(_)) => both_since = None,
+            _ => {}
+        }
+        std::thread::sleep(SLURM_POLL);
+    }
+    let states = cluster.node_states();
+    let log = |i: usize| agents[i].log_text();
+    assert!(first_drain.is_some(), "no node drained: {states:?}\n{}", log(0));
+    let drained: Vec<&str> = states
+        .iter()
+        .filter(|(_, s)| s.starts_with("drain"))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(
+        drained.len(),
+        1,
+        "exactly one node drained: {states:?}\n{}\n{}",
+        log(0),
+        log(1)
+    );
+    let open = usize::from(drained == ["n1"]);
+    assert!(
+        longest_both <= Duration::from_secs(4),
+        "both nodes drained for {longest_both:?}"
+    );
+    // The agent of the node left open said why.
+    let held = agents[open]
+        .wait_for_event(Duration::from_secs(10), "guard_blocked", |e| {
+            e.body.kind == EventKind::GuardBlocked
+        })
+        .await;
+    println!(
+        "two hosts, both workers unhealthy at once: {} drained {:?} after the leak started; both \
+         nodes drained for at most {longest_both:?}; the other agent: {}",
+        drained[0],
+        first_drain.unwrap_or_default(),
+        held.body.reason.unwrap_or_default()
+    );
+}
