@@ -46,8 +46,13 @@ fn cap_above_rest(cluster: &DaskCluster) -> u64 {
 }
 
 fn config(cluster: &DaskCluster, soft_cap: Option<u64>) -> String {
+    config_of(cluster, &[0, 1], soft_cap)
+}
+
+/// The agent's config watching the cluster's workers `which` (by index).
+fn config_of(cluster: &DaskCluster, which: &[usize], soft_cap: Option<u64>) -> String {
     let mut text = String::from("heartbeat_interval = \"2s\"\nsample_interval = \"200ms\"\n");
-    for w in &cluster.workers {
+    for w in which.iter().map(|i| &cluster.workers[*i]) {
         text.push_str(&format!(
             "[[worker]]\nname = \"{}\"\ncgroup = \"{}\"\nunhealthy_after = \"3s\"\nrecover_after = \"60s\"\n",
             w.name,
@@ -58,7 +63,7 @@ fn config(cluster: &DaskCluster, soft_cap: Option<u64>) -> String {
         }
     }
     text.push_str(&format!(
-        "[[dask]]\nurl = \"{}\"\nmin_workers = 1\nmin_fraction = 0.5\nrefresh_interval = \"500ms\"\nretry_initial = \"200ms\"\nretry_max = \"2s\"\n",
+        "[[dask]]\nurl = \"{}\"\nmin_remaining = 1\nmin_remaining_fraction = 0.5\nrefresh_interval = \"500ms\"\nretry_initial = \"200ms\"\nretry_max = \"2s\"\n",
         cluster.http_url()
     ));
     text
@@ -249,5 +254,59 @@ async fn dask_oom_killed_worker_is_reported_with_its_address_and_the_job_complet
     .await;
     println!(
         "OOM kill of {a1} reported as worker w1; the job completed {completed:?} after submission; w1 back (restarted by its nanny) {back:?} later"
+    );
+}
+
+/// Two hosts (two agents, one worker each) against one Dask cluster whose
+/// two workers leak past their caps in the same moment: exactly one is
+/// retired, the cluster keeps computing, and the other agent says why its
+/// worker stays (`guard_blocked`, or `action_refused` when both asked in
+/// the same moment and Dask kept the last worker).
+#[tokio::test]
+async fn dask_two_hosts_never_retire_every_worker() {
+    const TEST: &str = "dask_two_hosts_never_retire_every_worker";
+    let Some(python) = setup(TEST) else { return };
+    let _serial = SERIAL.lock().await;
+    let cluster = DaskCluster::start(python, &["w1", "w2"], &[None, None]).await;
+    let cap = cap_above_rest(&cluster);
+    let agents = [
+        Agent::start_with_config(&config_of(&cluster, &[0], Some(cap))).await,
+        Agent::start_with_config(&config_of(&cluster, &[1], Some(cap))).await,
+    ];
+    let leak = LEAK_MIB.to_string();
+    let _leaks = [
+        cluster.client_background(&["leak", &cluster.workers[0].address, &leak]),
+        cluster.client_background(&["leak", &cluster.workers[1].address, &leak]),
+    ];
+    let held = |e: &Event| {
+        matches!(
+            e.body.kind,
+            EventKind::GuardBlocked | EventKind::ActionRefused
+        )
+    };
+    let started = Instant::now();
+    let mut said = None;
+    while said.is_none() && started.elapsed() < Duration::from_secs(90) {
+        for (i, agent) in agents.iter().enumerate() {
+            if let Some(e) = agent.events(0).await.into_iter().find(|e| held(e)) {
+                said = Some((i, e));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (kept_by, event) = said.expect("one agent reports why its worker stays");
+    // Heartbeats retry every 2 s: the cluster keeps one worker, and runs.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let listed = cluster.listed().await;
+    assert_eq!(listed.len(), 1, "exactly one retired: {listed:?}");
+    assert_eq!(listed[0].0, cluster.workers[kept_by].name, "{listed:?}");
+    let answer = cluster.client(&["compute"]);
+    assert_eq!(answer["total"], SQUARES, "{answer}");
+    println!(
+        "two hosts, both workers leaking: {} kept after {:?}: {} {}",
+        listed[0].0,
+        started.elapsed(),
+        event.body.kind.as_str(),
+        event.body.reason.unwrap_or_default()
     );
 }

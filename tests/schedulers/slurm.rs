@@ -291,7 +291,11 @@ async fn slurm_two_hosts_never_drain_the_whole_partition() {
     }
     let states = cluster.node_states();
     let log = |i: usize| agents[i].log_text();
-    assert!(first_drain.is_some(), "no node drained: {states:?}\n{}", log(0));
+    assert!(
+        first_drain.is_some(),
+        "no node drained: {states:?}\n{}",
+        log(0)
+    );
     let drained: Vec<&str> = states
         .iter()
         .filter(|(_, s)| s.starts_with("drain"))
