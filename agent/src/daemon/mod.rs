@@ -45,7 +45,7 @@ use crate::{
     outbox::{self, Outbox},
     probe::{counters::CounterPublisher, ebpf::ProbeError, privilege},
     record::Recorder,
-    sinks::{self, SinkContext, dask::names::SchedulerNames},
+    sinks::{self, SinkContext, WorkerHealth, dask::names::SchedulerNames},
     telemetry::Metrics,
     watchdog::self_health::ProbeState,
 };
@@ -140,6 +140,7 @@ impl Daemon {
             state_dir: config.state_dir.clone(),
             workers: all_workers(&config),
             names: names.clone(),
+            health: worker_health(&monitor),
         };
         let tasks = sinks::start_all(&config.sinks, &sink_context)?;
         Ok(Self {
@@ -330,6 +331,18 @@ fn open_outbox(config: &Config, metrics: &Metrics) -> anyhow::Result<Outbox> {
     })?;
     info!(state_dir = %config.state_dir.display(), last_seq = outbox.status().last_seq, "outbox open");
     Ok(outbox)
+}
+
+/// Each worker's health now, for the sinks' re-check before they act.
+fn worker_health(monitor: &Arc<Monitor>) -> WorkerHealth {
+    let monitor = Arc::clone(monitor);
+    Arc::new(move |name| {
+        monitor
+            .workers()
+            .into_iter()
+            .find(|w| w.name == name)
+            .map(|w| w.status)
+    })
 }
 
 /// Every worker: with no `[[worker]]`, the whole host is the one worker.

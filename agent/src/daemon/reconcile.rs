@@ -197,6 +197,7 @@ pub(crate) fn recovered_kills(
             let missed = kills - before;
             let mut body = EventBody::new(EventKind::OomKill);
             body.cgroup = Some(cgroup.to_string());
+            body.recovered = Some(true);
             body.reason = Some(format!(
                 "recovered after the fact: {missed} OOM kill{} in this cgroup while the agent was \
                  not running (kernel counter {before} -> {kills}); victim unknown",

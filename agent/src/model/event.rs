@@ -22,10 +22,13 @@ pub enum EventKind {
     /// A scheduler refused an action a sink asked for (Dask retired none of
     /// the workers named); the sink tries again later.
     ActionRefused,
+    /// A sink did not act on an event the present contradicts (the worker
+    /// is healthy again; a kill recovered after the fact): nothing done.
+    ActionSkipped,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         Self::AgentStarted,
         Self::TaskStarted,
         Self::TaskRejected,
@@ -37,6 +40,7 @@ impl EventKind {
         Self::Heartbeat,
         Self::GuardBlocked,
         Self::ActionRefused,
+        Self::ActionSkipped,
     ];
 
     /// How much the kind matters when the outbox is full: lower is dropped
@@ -50,6 +54,7 @@ impl EventKind {
             | Self::GuardBlocked
             | Self::ActionRefused => Priority::Critical,
             Self::AgentStarted
+            | Self::ActionSkipped
             | Self::TaskStarted
             | Self::TaskFinished
             | Self::SoftCapExceeded
@@ -71,6 +76,7 @@ impl EventKind {
             Self::Heartbeat => "heartbeat",
             Self::GuardBlocked => "guard_blocked",
             Self::ActionRefused => "action_refused",
+            Self::ActionSkipped => "action_skipped",
         }
     }
 }
@@ -166,6 +172,10 @@ pub struct EventBody {
     /// The pod's QoS class: `guaranteed`, `burstable`, `besteffort`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos_class: Option<crate::model::pod::QosClass>,
+    /// `oom_kill`: `true` when the kill was found after the fact in the
+    /// kernel's counters, not seen live (no victim named; it may be old).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,6 +214,7 @@ impl EventBody {
             pod_uid: None,
             container_id: None,
             qos_class: None,
+            recovered: None,
         }
     }
 }

@@ -26,7 +26,50 @@ use self::{
     slurm::SlurmConfig,
     webhook::WebhookConfig,
 };
-use crate::{model::spec::WorkerSpec, outbox::Outbox, record::Recorder, telemetry::Metrics};
+use crate::{
+    model::{
+        event::{EventBody, EventKind},
+        health::Health,
+        spec::WorkerSpec,
+    },
+    outbox::Outbox,
+    record::Recorder,
+    telemetry::Metrics,
+};
+
+/// A worker's health now, by name (the watchdog's present verdict): what a
+/// sink checks before it acts, so that an event replayed after an outage,
+/// or one the present contradicts, does nothing.
+pub(crate) type WorkerHealth = Arc<dyn Fn(&str) -> Option<Health> + Send + Sync>;
+
+/// Why acting on `worker` being unhealthy would act on the past: it is not
+/// unhealthy now.
+pub(crate) fn stale(health: &WorkerHealth, worker: &str) -> Option<String> {
+    match health(worker) {
+        Some(Health::Unhealthy) => None,
+        Some(now) => Some(format!(
+            "worker {worker} is {} now: the event is stale, nothing done",
+            format!("{now:?}").to_lowercase()
+        )),
+        None => Some(format!("worker {worker} is not watched now: nothing done")),
+    }
+}
+
+/// Records an event a sink makes itself (`guard_blocked`,
+/// `action_refused`, `action_skipped`).
+pub(crate) fn report(
+    recorder: &Recorder,
+    kind: EventKind,
+    worker: Option<&str>,
+    scheduler_worker: Option<&str>,
+    reason: String,
+) {
+    let mut body = EventBody::new(kind);
+    body.worker = worker.map(str::to_string);
+    body.scheduler_worker = scheduler_worker.map(str::to_string);
+    body.reason = Some(reason);
+    recorder.record(body, None);
+}
 
 /// What every sink is started with.
 #[derive(Clone)]
@@ -43,6 +86,8 @@ pub struct SinkContext {
     pub workers: Arc<[WorkerSpec]>,
     /// Scheduler names of processes, filled by the Dask sinks.
     pub names: SchedulerNames,
+    /// Each worker's health now.
+    pub(crate) health: WorkerHealth,
 }
 
 impl SinkContext {

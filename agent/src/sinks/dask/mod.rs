@@ -33,15 +33,16 @@ pub(crate) use self::config::DaskConfig;
 use self::names::{Identity, Mapped, SchedulerNames};
 use crate::{
     model::{
-        event::{Event, EventBody, EventKind},
+        event::{Event, EventKind},
         spec::WorkerSpec,
     },
     record::Recorder,
     sinks::{
-        SinkContext, Start,
+        SinkContext, Start, WorkerHealth,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
         guard::Capacity,
+        report, stale,
         webhook::classify,
     },
 };
@@ -58,6 +59,7 @@ impl Start for DaskConfig {
             Arc::clone(&ctx.workers),
             ctx.recorder.clone(),
             ctx.names.clone(),
+            ctx.health.clone(),
         )
         .with_context(|| format!("Dask sink {}", self.name))?;
         Ok(vec![
@@ -78,6 +80,7 @@ pub(crate) struct DaskSink {
     specs: Arc<[WorkerSpec]>,
     recorder: Recorder,
     names: SchedulerNames,
+    health: WorkerHealth,
     /// memwatch workers that are unhealthy and not retired yet.
     pending: BTreeSet<String>,
     /// memwatch workers retired in their current unhealthy episode.
@@ -93,6 +96,7 @@ impl DaskSink {
         specs: Arc<[WorkerSpec]>,
         recorder: Recorder,
         names: SchedulerNames,
+        health: WorkerHealth,
     ) -> Result<Self, reqwest::Error> {
         Ok(Self {
             client: client(&config.delivery)?,
@@ -100,6 +104,7 @@ impl DaskSink {
             specs,
             recorder,
             names,
+            health,
             pending: BTreeSet::new(),
             done: BTreeSet::new(),
             blocked: BTreeSet::new(),
@@ -179,6 +184,13 @@ impl DaskSink {
         tokio::time::sleep(jitter(RETIRE_JITTER)).await;
         let mut mapped = self.dask_workers().await?;
         for worker in self.pending.clone() {
+            if let Some(why) = stale(&self.health, &worker) {
+                info!(sink = %self.config.name, %worker, %why, "retirement skipped");
+                self.pending.remove(&worker);
+                self.blocked.remove(&worker);
+                self.report(EventKind::ActionSkipped, &worker, &[], &why);
+                continue;
+            }
             let mine: Vec<&Mapped> = mapped
                 .iter()
                 .filter(|m| m.worker.as_deref() == Some(worker.as_str()) && !m.leaving())
@@ -262,12 +274,14 @@ impl DaskSink {
 
     /// Records a `guard_blocked` or `action_refused` event of `worker`.
     fn report(&self, kind: EventKind, worker: &str, addresses: &[String], reason: &str) {
-        let mut body = EventBody::new(kind);
-        body.worker = Some(worker.to_string());
-        body.scheduler_worker = addresses.first().cloned();
-        body.reason = Some(reason.to_string());
         self.count(kind.as_str());
-        self.recorder.record(body, None);
+        report(
+            &self.recorder,
+            kind,
+            Some(worker),
+            addresses.first().map(String::as_str),
+            reason.to_string(),
+        );
     }
 }
 

@@ -12,7 +12,15 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::sinks::guard::Guard;
+use crate::{
+    model::{event::EventBody, health::Health},
+    sinks::guard::Guard,
+};
+
+/// Every worker unhealthy now: events are never stale.
+fn unhealthy_now() -> WorkerHealth {
+    Arc::new(|_| Some(Health::Unhealthy))
+}
 use crate::{model::spec::MemorySource, outbox::Outbox, telemetry::Metrics};
 
 /// A Dask scheduler's HTTP API: the workers it lists with their status,
@@ -78,6 +86,11 @@ async fn serve(fake: FakeScheduler) -> String {
 }
 
 fn sink(url: &str, outbox: &Outbox) -> DaskSink {
+    sink_seeing(url, outbox, unhealthy_now())
+}
+
+/// `health`: each worker's health now, as the watchdog says it.
+fn sink_seeing(url: &str, outbox: &Outbox, health: WorkerHealth) -> DaskSink {
     // Pids that do not exist: the Dask workers are matched by name.
     let specs: Arc<[WorkerSpec]> = ["w1", "w2", "w3"]
         .iter()
@@ -107,6 +120,7 @@ fn sink(url: &str, outbox: &Outbox) -> DaskSink {
         specs,
         Recorder::new(outbox.clone(), metrics),
         SchedulerNames::default(),
+        health,
     )
     .unwrap()
 }
@@ -358,4 +372,24 @@ async fn a_retirement_the_scheduler_refuses_is_reported_and_tried_again() {
         3,
         "done: not asked again"
     );
+}
+
+#[tokio::test]
+async fn a_stale_unhealthy_event_retires_nothing() {
+    let fake = two_workers();
+    fake.workers
+        .lock()
+        .unwrap()
+        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    let url = serve(fake.clone()).await;
+    let outbox = outbox();
+    // Replayed after a scheduler outage: w1 recovered in the meantime.
+    let mut sink = sink_seeing(&url, &outbox, Arc::new(|_| Some(Health::Healthy)));
+    sink.send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
+        .await
+        .unwrap();
+    assert!(fake.retired.lock().unwrap().is_empty());
+    let skipped = of_kind(&outbox, EventKind::ActionSkipped);
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(sink.pending.is_empty());
 }

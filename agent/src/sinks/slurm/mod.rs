@@ -41,12 +41,13 @@ use tracing::{debug, info, warn};
 pub(crate) use self::config::{RequeuePolicy, SlurmConfig};
 use self::{nodes::Node, scontrol::ScontrolError};
 use crate::{
-    model::event::{Event, EventBody, EventKind},
+    model::event::{Event, EventKind},
     record::Recorder,
     sinks::{
-        SinkContext, Start,
+        SinkContext, Start, WorkerHealth,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
+        report, stale,
     },
 };
 
@@ -85,6 +86,7 @@ impl Start for SlurmConfig {
             ctx.node_name.clone(),
             &ctx.state_dir,
             ctx.recorder.clone(),
+            ctx.health.clone(),
         )
         .with_context(|| {
             format!(
@@ -104,6 +106,7 @@ pub(crate) struct SlurmSink {
     path: PathBuf,
     state: SlurmState,
     recorder: Recorder,
+    health: WorkerHealth,
     /// Unhealthy workers whose node is not drained (the guard kept it, or
     /// a concurrent drain elsewhere undid ours): tried again at every
     /// heartbeat that still says so.
@@ -120,6 +123,7 @@ impl SlurmSink {
         default_node: String,
         state_dir: &Path,
         recorder: Recorder,
+        health: WorkerHealth,
     ) -> io::Result<Self> {
         let path = state_dir.join(format!("slurm-{}.json", config.name));
         let state = match fs::read(&path) {
@@ -133,6 +137,7 @@ impl SlurmSink {
             path,
             state,
             recorder,
+            health,
             pending: BTreeSet::new(),
             blocked: BTreeSet::new(),
             settle: GUARD_SETTLE,
@@ -189,6 +194,21 @@ impl SlurmSink {
             (EventKind::Heartbeat, _) if self.config.drain => self.retry_pending(event).await,
             (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
                 match job_id(event) {
+                    // Found in the kernel's counters after the fact: the
+                    // job may have ended long ago, or be running again.
+                    Some(job) if event.body.recovered == Some(true) => {
+                        self.count("skipped");
+                        report(
+                            &self.recorder,
+                            EventKind::ActionSkipped,
+                            worker,
+                            None,
+                            format!(
+                                "job {job} not requeued: its OOM kill was recovered after the fact, not seen live"
+                            ),
+                        );
+                        Ok(())
+                    }
                     Some(job) => self.requeue(job).await,
                     None => Ok(()),
                 }
@@ -222,6 +242,19 @@ impl SlurmSink {
         let node = self.node_of(worker);
         if let Some(workers) = self.state.drained.get_mut(&node) {
             workers.insert(worker.to_string());
+            return Ok(());
+        }
+        if let Some(why) = stale(&self.health, worker) {
+            info!(sink = %self.config.name, %node, %worker, %why, "drain skipped");
+            self.pending.remove(worker);
+            self.count("skipped");
+            report(
+                &self.recorder,
+                EventKind::ActionSkipped,
+                Some(worker),
+                Some(&node),
+                why,
+            );
             return Ok(());
         }
         let all = self.nodes().await?;
@@ -329,12 +362,14 @@ impl SlurmSink {
         self.pending.insert(worker.to_string());
         if self.blocked.insert(worker.to_string()) {
             warn!(sink = %self.config.name, %node, %worker, %reason, "drain held by the cluster guard");
-            let mut body = EventBody::new(EventKind::GuardBlocked);
-            body.worker = Some(worker.to_string());
-            body.scheduler_worker = Some(node.to_string());
-            body.reason = Some(reason.to_string());
             self.count("guard_blocked");
-            self.recorder.record(body, None);
+            report(
+                &self.recorder,
+                EventKind::GuardBlocked,
+                Some(worker),
+                Some(node),
+                reason.to_string(),
+            );
         }
     }
 

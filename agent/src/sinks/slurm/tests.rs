@@ -1,9 +1,14 @@
-use std::{os::unix::fs::PermissionsExt as _, time::Duration};
+use std::{os::unix::fs::PermissionsExt as _, sync::Arc, time::Duration};
 
 use chrono::Utc;
 
 use super::*;
-use crate::{outbox::Outbox, sinks::guard::Guard, telemetry::Metrics};
+use crate::{
+    model::{event::EventBody, health::Health},
+    outbox::Outbox,
+    sinks::guard::Guard,
+    telemetry::Metrics,
+};
 
 fn held(sink: &SlurmSink) -> Vec<Event> {
     sink.recorder
@@ -78,6 +83,11 @@ impl Fixture {
     }
 
     fn sink_with(&self, guard: Guard) -> SlurmSink {
+        self.sink_seeing(guard, Arc::new(|_| Some(Health::Unhealthy)))
+    }
+
+    /// `health`: each worker's health now, as the watchdog says it.
+    fn sink_seeing(&self, guard: Guard, health: WorkerHealth) -> SlurmSink {
         let config = SlurmConfig {
             name: "slurm-1".into(),
             scontrol: self.dir.path().join("scontrol"),
@@ -96,8 +106,14 @@ impl Fixture {
         };
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
         let recorder = Recorder::new(Outbox::new("h", 100, metrics.clone()), metrics);
-        let mut sink =
-            SlurmSink::open(config, "host-node".into(), self.dir.path(), recorder).unwrap();
+        let mut sink = SlurmSink::open(
+            config,
+            "host-node".into(),
+            self.dir.path(),
+            recorder,
+            health,
+        )
+        .unwrap();
         sink.settle = Duration::from_millis(1);
         sink
     }
@@ -309,4 +325,47 @@ async fn concurrent_drains_that_cross_the_floor_keep_only_the_lowest_named_node(
     sink.send(&[unhealthy]).await.unwrap();
     assert!(fx.dir.path().join("drained-n1").exists());
     assert!(held(&sink).is_empty());
+}
+
+fn of_kind(sink: &SlurmSink, kind: EventKind) -> Vec<Event> {
+    sink.recorder
+        .outbox()
+        .read(0, 100)
+        .into_iter()
+        .filter(|e| e.body.kind == kind)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stale_unhealthy_event_drains_nothing() {
+    let mut fx = Fixture::new();
+    // Replayed after an outage: the worker recovered in the meantime.
+    let mut sink = fx.sink_seeing(Guard::default(), Arc::new(|_| Some(Health::Healthy)));
+    let stale = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[stale]).await.unwrap();
+    assert!(fx.calls().is_empty(), "{:?}", fx.calls());
+    let skipped = of_kind(&sink, EventKind::ActionSkipped);
+    assert_eq!(skipped.len(), 1);
+    assert!(
+        skipped[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("w1 is healthy now"),
+        "{skipped:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_kill_recovered_after_the_fact_requeues_nothing() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    let recovered = fx.event(EventKind::OomKill, "w1", |b| {
+        b.task_id = Some("slurm-42-977-1700000000000".into());
+        b.recovered = Some(true);
+    });
+    sink.send(&[recovered]).await.unwrap();
+    assert!(fx.calls().is_empty(), "{:?}", fx.calls());
+    assert_eq!(of_kind(&sink, EventKind::ActionSkipped).len(), 1);
 }
