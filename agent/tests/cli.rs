@@ -116,3 +116,46 @@ fn version_and_help_work() {
         assert!(help.contains(flag), "{flag} in {help}");
     }
 }
+
+#[test]
+fn listening_beyond_loopback_without_a_token_is_refused() {
+    let out = memwatch(&["run", "--listen", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("`listen` is 0.0.0.0:0, beyond loopback, and no token is set")
+            && err.contains("api_token_file"),
+        "{err}"
+    );
+    // With a token file the address passes: the next key checked (a rule
+    // naming no declared worker) is what fails, and the agent never starts.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    fs::write(&token, "s3cret\n").unwrap();
+    let config = dir.path().join("memwatch.toml");
+    fs::write(
+        &config,
+        "[[rule]]\nworker = \"nobody\"\ncgroup = \"/x/*\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memwatch"))
+        .args(["run", "--listen", "0.0.0.0:0", "--config"])
+        .arg(&config)
+        .arg("--api-token-file")
+        .arg(&token)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("`rule.worker`"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_token_is_never_a_command_line_argument() {
+    let out = memwatch(&["status", "--token", "s3cret"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("unexpected argument '--token'"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -25,7 +25,7 @@ done
 
 buildah config \
     --entrypoint '["/usr/local/bin/memwatch"]' \
-    --cmd 'run --listen 0.0.0.0:9750' \
+    --cmd 'run' \
     --user 0:0 \
     --port 9750/tcp \
     --workingdir / \

@@ -518,3 +518,50 @@ async fn kernel_usage_figures_stay_within_5_percent_of_the_cgroup_counters() {
     let _ = exec.kill();
     let _ = exec.wait();
 }
+
+/// The workload `memwatch exec` runs gets none of exec's settings: the
+/// agent's token, given to exec in the environment, stays with exec.
+#[tokio::test]
+async fn exec_keeps_the_token_from_its_command() {
+    if !kernel_tests_enabled("exec_keeps_the_token_from_its_command") {
+        return;
+    }
+    let worker = TestCgroup::create("exec-env");
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let agent = Agent::start_with_config(&format!(
+        "api_token_file = \"{}\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n",
+        token.display(),
+        worker.path_str()
+    ))
+    .await;
+    let seen = dir.path().join("env");
+    let out = Command::new(workspace_bin("memwatch"))
+        .args([
+            "exec",
+            "--agent",
+            &agent.base_url,
+            "--task-id",
+            "t-env",
+            "--",
+        ])
+        .args(["sh", "-c", &format!("env > {}", seen.display())])
+        .env("MEMWATCH_TOKEN", "s3cret-token")
+        .env("MEMWATCH_AGENT", &agent.base_url)
+        .env("KEPT_FOR_THE_COMMAND", "1")
+        .output()
+        .expect("run memwatch exec");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "registered with the token from the environment: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = std::fs::read_to_string(&seen).unwrap();
+    assert!(env.contains("KEPT_FOR_THE_COMMAND=1"), "{env}");
+    assert!(
+        !env.contains("MEMWATCH_"),
+        "the command saw memwatch's settings:\n{env}"
+    );
+}

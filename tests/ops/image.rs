@@ -90,6 +90,8 @@ async fn oci_image_builds_without_a_registry_and_runs_memwatch() {
     );
     assert_eq!(config["config"]["User"], "0:0");
     assert!(config["config"]["ExposedPorts"].get("9750/tcp").is_some());
+    // Loopback unless a config with a token says otherwise.
+    assert_eq!(config["config"]["Cmd"], serde_json::json!(["run"]));
 
     let rootfs = work.path().join("rootfs");
     fs::create_dir(&rootfs).unwrap();

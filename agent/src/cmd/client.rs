@@ -13,6 +13,8 @@ use crate::{
     daemon::status::AgentStatus,
     model::event::Event,
 };
+/// Where the token is when no `--token-file` is given.
+pub(crate) const TOKEN_ENV: &str = "MEMWATCH_TOKEN";
 /// Bound on one request to the agent.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -30,15 +32,14 @@ pub(crate) enum Registered {
 
 impl AgentClient {
     pub(crate) fn new(args: &AgentArgs) -> anyhow::Result<Self> {
-        let token = match (&args.token, &args.token_file) {
-            (Some(token), _) => Some(token.clone()),
-            (None, Some(path)) => Some(
+        let token = match &args.token_file {
+            None => std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+            Some(path) => Some(
                 std::fs::read_to_string(path)
                     .with_context(|| format!("cannot read --token-file {}", path.display()))?
                     .trim()
                     .to_string(),
             ),
-            (None, None) => None,
         };
         Ok(Self {
             base: args.agent.trim_end_matches('/').to_string(),

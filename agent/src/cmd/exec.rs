@@ -20,6 +20,9 @@ use crate::{
 
 /// The agent rejected the task: its worker is unhealthy (EX_TEMPFAIL: try
 /// elsewhere).
+/// Environment variables exec removes from its child's.
+const MEMWATCH_ENV_PREFIX: &str = "MEMWATCH_";
+
 pub(crate) const EXIT_REJECTED: u8 = 75;
 /// The agent could not be asked, or refused the request (EX_UNAVAILABLE).
 pub(crate) const EXIT_AGENT_UNAVAILABLE: u8 = 69;
@@ -106,6 +109,13 @@ async fn run_in(cgroup: &OwnedCgroup, command: &[String]) -> io::Result<ExitStat
     let procs_fd = procs.as_raw_fd();
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
+    // The workload is not memwatch's client: it gets none of exec's
+    // settings, the agent's token above all.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with(MEMWATCH_ENV_PREFIX) {
+            cmd.env_remove(key);
+        }
+    }
     // SAFETY: between fork and exec only write(2), which is
     // async-signal-safe, on an fd opened before the fork.
     unsafe {

@@ -52,11 +52,10 @@ pub struct AgentArgs {
     /// Base URL of the agent's API.
     #[arg(long, env = "MEMWATCH_AGENT", default_value = "http://127.0.0.1:9750")]
     pub agent: String,
-    /// Bearer token for the agent's mutating routes (its `api_token`).
-    #[arg(long, env = "MEMWATCH_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Read the token from this file instead.
-    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    /// File holding the token for the agent's mutating routes (its
+    /// `api_token`); else the environment's `MEMWATCH_TOKEN`. Never a
+    /// command-line argument: argv is readable by every user of the host.
+    #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 }
 
@@ -107,9 +106,14 @@ pub struct RunArgs {
     /// TOML config file; flags win over it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address of the HTTP API [default: 127.0.0.1:9750].
+    /// Address of the HTTP API [default: 127.0.0.1:9750]. Beyond loopback
+    /// only with a token (`--api-token-file`).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// File holding the token the API's mutating routes require (replaces
+    /// `api_token` / `api_token_file` of the config file).
+    #[arg(long, value_name = "FILE", env = "MEMWATCH_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
     /// Name of this host on every event [default: the hostname].
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
@@ -137,6 +141,7 @@ impl RunArgs {
     pub fn overrides(&self) -> Overrides {
         Overrides {
             listen: self.listen,
+            api_token_file: self.api_token_file.clone(),
             node_name: self.node_name.clone(),
             state_dir: self.state_dir.clone(),
             webhooks: self.webhooks.clone(),

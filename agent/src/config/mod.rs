@@ -181,6 +181,8 @@ pub(crate) struct RuleConfig {
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
+    /// `--api-token-file`: wins over the file's `api_token` and `api_token_file`.
+    pub api_token_file: Option<PathBuf>,
     pub node_name: Option<String>,
     pub state_dir: Option<PathBuf>,
     /// `--webhook URL`, repeatable: when given, these replace `[[webhook]]`.
@@ -227,6 +229,9 @@ impl Config {
         config.sinks = sinks;
         if let Some(listen) = overrides.listen {
             config.listen = listen;
+        }
+        if let Some(path) = &overrides.api_token_file {
+            config.api_token = api_token_from(None, Some(path.clone()))?;
         }
         config.probe_floor = overrides.probe_floor;
         config.probe_oom_by_pid = overrides.probe_oom_by_pid;
@@ -346,6 +351,16 @@ impl Config {
         }
         if self.api_token.as_deref().is_some_and(|t| t.is_empty()) {
             return Err(invalid("api_token", "must not be empty"));
+        }
+        if !self.listen.ip().is_loopback() && self.api_token.is_none() {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "is {}, beyond loopback, and no token is set: anyone who reaches it could \
+                     steer failover. Set `api_token_file` (or `--api-token-file`), or listen on 127.0.0.1",
+                    self.listen
+                ),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for w in &self.workers {

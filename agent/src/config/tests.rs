@@ -281,3 +281,27 @@ fn webhooks(c: &Config) -> Vec<&WebhookConfig> {
         })
         .collect()
 }
+
+#[test]
+fn listening_beyond_loopback_needs_a_token() {
+    let f = file("listen = \"0.0.0.0:9750\"\n");
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`listen` is 0.0.0.0:9750, beyond loopback"),
+        "{err}"
+    );
+    let f = file("listen = \"[::]:9750\"\napi_token = \"t\"\n");
+    Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    // The flag's file wins over the config file's token.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "from-the-file\n").unwrap();
+    let f = file("listen = \"0.0.0.0:9750\"\n");
+    let flags = Overrides {
+        api_token_file: Some(token),
+        ..Overrides::default()
+    };
+    let c = Config::load(Some(f.path()), &flags).unwrap();
+    assert_eq!(c.api_token.as_deref(), Some("from-the-file"));
+}

@@ -29,3 +29,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ $key }} = {{ $value | toJson }}
 {{- end }}
 {{- end -}}
+
+{{/* The Secret holding the API token: the one given, else the chart's own. */}}
+{{- define "memwatch.tokenSecret" -}}
+{{- .Values.apiToken.existingSecret | default (printf "%s-api-token" (include "memwatch.fullname" .)) -}}
+{{- end -}}
