@@ -49,7 +49,7 @@ pub(crate) async fn create(
     body: Result<Json<NewTask>, JsonRejection>,
 ) -> Result<(StatusCode, Json<TaskAnswer>), ApiError> {
     let Json(task) = body.map_err(json_error)?;
-    let request = validate(task)?;
+    let request = validate(task, &state.monitor.cgroup_root())?;
     let task_id = request.task_id.clone();
     let registration = state.monitor.register(request).map_err(watchdog_error)?;
     let (code, verdict, reason) = match registration.admission {
@@ -113,7 +113,7 @@ pub(crate) async fn reset(
 
 /// Checks everything before the watchdog sees the request, so a bad one
 /// changes nothing.
-fn validate(task: NewTask) -> Result<TaskRequest, ApiError> {
+fn validate(task: NewTask, cgroup_root: &std::path::Path) -> Result<TaskRequest, ApiError> {
     let bad = |message: String| ApiError::new(StatusCode::BAD_REQUEST, message);
     check_name("task_id", &task.task_id).map_err(bad)?;
     if let Some(worker) = &task.worker {
@@ -132,7 +132,10 @@ fn validate(task: NewTask) -> Result<TaskRequest, ApiError> {
         (None, Some(path)) if !path.is_dir() => {
             return Err(bad(format!("`cgroup` {} does not exist", path.display())));
         }
-        (None, Some(path)) => Some(MemorySource::Cgroup(path)),
+        (None, Some(path)) => match crate::cgroup::memory_cgroup_under(cgroup_root, &path) {
+            Ok(real) => Some(MemorySource::Cgroup(real)),
+            Err(problem) => return Err(bad(format!("`cgroup` {}: {problem}", path.display()))),
+        },
         (None, None) => None,
     };
     Ok(TaskRequest {
@@ -169,6 +172,7 @@ fn watchdog_error(error: WatchdogError) -> ApiError {
         WatchdogError::UnknownWorker(_) | WatchdogError::WorkerRequired(_) => {
             StatusCode::BAD_REQUEST
         }
+        WatchdogError::TooManyTasks { .. } => StatusCode::TOO_MANY_REQUESTS,
     };
     ApiError::new(status, error.to_string())
 }

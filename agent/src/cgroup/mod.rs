@@ -410,6 +410,29 @@ fn enable_memory_controller_above(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// `path` as a memory cgroup of the hierarchy at `root`: resolved (no
+/// `..`, no symlink out), under `root`, and a cgroup with the memory
+/// controller (it has the usage file). The resolved path, or why not.
+pub(crate) fn memory_cgroup_under(root: &Path, path: &Path) -> Result<PathBuf, String> {
+    let real = path
+        .canonicalize()
+        .map_err(|e| format!("cannot be resolved ({e})"))?;
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "is not under the memory cgroup hierarchy {}",
+            root.display()
+        ));
+    }
+    if !["memory.current", "memory.usage_in_bytes"]
+        .iter()
+        .any(|f| real.join(f).is_file())
+    {
+        return Err("is not a memory cgroup (no memory.current or memory.usage_in_bytes)".into());
+    }
+    Ok(real)
+}
+
 /// An empty hierarchy of `version` in a temporary directory (tests).
 #[cfg(test)]
 pub(crate) fn temp_hierarchy(version: CgroupVersion) -> (tempfile::TempDir, MemoryHierarchy) {
@@ -471,5 +494,48 @@ pub fn kill_and_remove(path: &Path) -> io::Result<()> {
             Err(e) if std::time::Instant::now() > deadline => return Err(e),
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
         }
+    }
+}
+
+#[cfg(test)]
+mod containment_tests {
+    use std::fs;
+
+    use super::*;
+
+    #[test]
+    fn a_task_cgroup_must_be_a_memory_cgroup_of_the_hierarchy() {
+        let root = tempfile::tempdir().unwrap();
+        let job = root.path().join("job");
+        fs::create_dir(&job).unwrap();
+        assert!(
+            memory_cgroup_under(root.path(), &job)
+                .unwrap_err()
+                .contains("not a memory cgroup")
+        );
+        fs::write(job.join("memory.usage_in_bytes"), "0\n").unwrap();
+        assert_eq!(
+            memory_cgroup_under(root.path(), &job).unwrap(),
+            job.canonicalize().unwrap()
+        );
+        // Outside, by path or by a way out.
+        let elsewhere = tempfile::tempdir().unwrap();
+        fs::write(elsewhere.path().join("memory.current"), "0\n").unwrap();
+        assert!(
+            memory_cgroup_under(root.path(), elsewhere.path())
+                .unwrap_err()
+                .contains("not under")
+        );
+        let dotdot = job
+            .join("..")
+            .join("..")
+            .join(elsewhere.path().file_name().unwrap());
+        assert!(memory_cgroup_under(root.path(), &dotdot).is_err());
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join("link")).unwrap();
+        assert!(
+            memory_cgroup_under(root.path(), &root.path().join("link"))
+                .unwrap_err()
+                .contains("not under")
+        );
     }
 }

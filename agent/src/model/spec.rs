@@ -95,6 +95,10 @@ pub struct Settings {
     pub on_residual_over_cap: OnResidualOverCap,
     /// Finished tasks remembered for `/v1/status` and idempotent DELETEs.
     pub finished_tasks_kept: usize,
+    /// Running tasks one worker may have: past it, a registration is
+    /// refused (429), so a loop of registrations cannot grow the agent
+    /// without bound.
+    pub max_tasks_per_worker: usize,
 }
 
 impl Default for Settings {
@@ -111,6 +115,7 @@ impl Default for Settings {
             hysteresis: 0.05,
             on_residual_over_cap: OnResidualOverCap::Reject,
             finished_tasks_kept: 1000,
+            max_tasks_per_worker: 4096,
         }
     }
 }

@@ -59,6 +59,8 @@ pub(crate) enum WatchdogError {
     WorkerRequired(String),
     #[error("unknown task `{0}`")]
     UnknownTask(String),
+    #[error("worker `{worker}` already runs {limit} tasks, the most it may; end some first")]
+    TooManyTasks { worker: String, limit: usize },
 }
 
 pub(crate) struct Watchdog {
@@ -142,6 +144,19 @@ impl Watchdog {
         let worker_name = self.resolve_worker(req.worker.as_deref())?;
         if let Some(existing) = self.tasks.get(&req.task_id) {
             return Ok(again(existing));
+        }
+        let limit = self.settings.max_tasks_per_worker;
+        if self
+            .tasks
+            .values()
+            .filter(|t| t.worker == worker_name)
+            .count()
+            >= limit
+        {
+            return Err(WatchdogError::TooManyTasks {
+                worker: worker_name,
+                limit,
+            });
         }
         let mut events = Vec::new();
         let residual = self.residual(&worker_name, sample, Some(&req.task_id));

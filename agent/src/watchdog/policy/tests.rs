@@ -426,3 +426,33 @@ async fn oom_record_read_after_the_client_ended_the_task_still_names_it() {
     );
     assert!(events.is_empty(), "the task ended once");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_takes_no_more_tasks_than_its_bound() {
+    let settings = Settings {
+        max_tasks_per_worker: 2,
+        ..Settings::default()
+    };
+    let mut w = Watchdog::new(vec![spec("w1", 200 * MIB)], settings);
+    let s = sample(10 * MIB, &[]);
+    w.register(request("t1"), &s, Instant::now()).unwrap();
+    w.register(request("t2"), &s, Instant::now()).unwrap();
+    let refused = w.register(request("t3"), &s, Instant::now()).unwrap_err();
+    assert_eq!(
+        refused,
+        WatchdogError::TooManyTasks {
+            worker: "w1".into(),
+            limit: 2
+        }
+    );
+    // A retried registration of a task it has is still answered.
+    w.register(request("t2"), &s, Instant::now()).unwrap();
+    // Once one ends, there is room again.
+    w.finish(
+        "t1",
+        TaskOutcome::Ended { exit_code: Some(0) },
+        Instant::now(),
+    )
+    .unwrap();
+    w.register(request("t3"), &s, Instant::now()).unwrap();
+}
