@@ -122,6 +122,10 @@ impl Daemon {
             Arc::new(SystemReader),
             recorder.clone(),
         ));
+        let restored = monitor.restore();
+        if restored > 0 {
+            info!(tasks = restored, "running tasks of the last run taken back");
+        }
         let probe_state = Arc::new(Mutex::new(ProbeState::default()));
         let status = status::agent_status(
             config.node_name.clone(),

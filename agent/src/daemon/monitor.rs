@@ -133,7 +133,14 @@ impl Monitor {
 
     /// Registers a task after reading its worker's memory and its running
     /// tasks'. The task's soft cap defaults to its cgroup's own.
-    pub(crate) fn register(&self, mut req: TaskRequest) -> Result<Registration, WatchdogError> {
+    /// A task registered by a client (`POST /v1/tasks`, `memwatch exec`):
+    /// kept in the state directory while it runs, so that an agent
+    /// restarted meanwhile still counts its memory as the task's.
+    pub(crate) fn register(&self, req: TaskRequest) -> Result<Registration, WatchdogError> {
+        self.register_as(req, true)
+    }
+
+    fn register_as(&self, mut req: TaskRequest, keep: bool) -> Result<Registration, WatchdogError> {
         if let Some(MemorySource::Cgroup(path)) = &req.source {
             self.resolver().remember(path);
             if req.soft_cap.is_none() {
@@ -161,9 +168,15 @@ impl Monitor {
             .as_ref()
             .and_then(|s| s.cgroup())
             .map(Path::to_path_buf);
+        let kept = keep.then(|| req.clone());
         let mut watchdog = self.lock();
         let now = Instant::now();
         let registration = watchdog.register(req, &sample, now)?;
+        if let Some(req) = kept
+            && !matches!(registration.admission, Admission::Rejected { .. })
+        {
+            self.recorder.outbox().save_task(&req);
+        }
         match (&registration.admission, cgroup, cap) {
             (Admission::Rejected { reason }, _, _) => {
                 warn!(worker = %registration.worker, %reason, "task rejected")
@@ -185,6 +198,7 @@ impl Monitor {
         let now = Instant::now();
         let (view, events) = watchdog.finish(task_id, outcome, now)?;
         self.kernel.remove(task_id);
+        self.recorder.outbox().remove_task(task_id);
         self.store(events, now);
         self.publish_gauges(&watchdog);
         Ok(view)
@@ -221,8 +235,46 @@ impl Monitor {
     ) -> (Option<String>, Option<String>, Vec<EventBody>) {
         let mut watchdog = self.lock();
         let attributed = watchdog.attribute_oom(cgroup, pid, Instant::now());
+        if let Some(task_id) = &attributed.0 {
+            self.recorder.outbox().remove_task(task_id);
+        }
         self.publish_gauges(&watchdog);
         attributed
+    }
+
+    /// Takes back the tasks the last run kept (see [`Monitor::register`])
+    /// whose cgroup or process still exists, all at once and with no
+    /// admission check: they were admitted already, and a restart must not
+    /// turn their memory into residual. Returns how many came back.
+    pub(crate) fn restore(&self) -> usize {
+        let outbox = self.recorder.outbox();
+        let mut watchdog = self.lock();
+        let now = Instant::now();
+        let mut restored = 0;
+        for req in outbox.saved_tasks() {
+            let alive = match &req.source {
+                Some(MemorySource::Cgroup(path)) => path.is_dir(),
+                Some(MemorySource::Pid(pid)) => Path::new(&format!("/proc/{pid}")).exists(),
+                Some(MemorySource::Process(_) | MemorySource::Host) | None => true,
+            };
+            let task_id = req.task_id.clone();
+            if let Some(MemorySource::Cgroup(path)) = &req.source {
+                self.resolver().remember(path);
+            }
+            match alive.then(|| watchdog.restore(req, now)) {
+                Some(Ok(())) => restored += 1,
+                Some(Err(error)) => {
+                    warn!(%task_id, %error, "a kept task cannot come back");
+                    outbox.remove_task(&task_id);
+                }
+                None => {
+                    info!(%task_id, "a kept task ended while the agent was down");
+                    outbox.remove_task(&task_id);
+                }
+            }
+        }
+        self.publish_gauges(&watchdog);
+        restored
     }
 
     /// Records events the watchdog decided at `decided`, stamped with that
@@ -323,7 +375,8 @@ impl Monitor {
                 source: Some(MemorySource::Cgroup(path)),
                 soft_cap: rule.soft_cap,
             };
-            if let Err(error) = self.register(req) {
+            // Found again by the next scan after a restart: not kept.
+            if let Err(error) = self.register_as(req, false) {
                 warn!(%error, "cgroup rule task not registered");
             }
         }
@@ -469,5 +522,93 @@ mod tests {
             [EventKind::TaskStarted, EventKind::TaskFinished]
         );
         assert_eq!(events[1].body.reason.as_deref(), Some("cgroup removed"));
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use std::{fs, time::Duration};
+
+    use super::*;
+    use crate::{
+        cgroup::CgroupVersion, daemon::sampler::fake::FakeReader, outbox::Limits, outbox::Outbox,
+        telemetry::Metrics,
+    };
+
+    const MIB: u64 = 1 << 20;
+
+    /// A monitor on the state directory `state`, as a (re)started agent
+    /// makes it: worker w1 (the cgroup `root`, soft cap 100 MiB).
+    fn start(state: &Path, root: &Path, reader: Arc<FakeReader>) -> Monitor {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::open(state, String::from("h"), Limits::default(), metrics.clone()).unwrap();
+        let worker = WorkerSpec {
+            name: "w1".into(),
+            source: MemorySource::Cgroup(root.into()),
+            soft_cap: Some(100 * MIB),
+            unhealthy_after: Duration::from_secs(60),
+            recover_after: Duration::from_secs(30),
+        };
+        let m = Monitor::new(
+            vec![worker],
+            Settings::default(),
+            Vec::new(),
+            MemoryHierarchy {
+                root: root.into(),
+                version: CgroupVersion::V1,
+            },
+            reader,
+            Recorder::new(outbox, metrics),
+        );
+        m.restore();
+        m
+    }
+
+    #[tokio::test]
+    async fn running_tasks_survive_a_restart_and_their_memory_is_not_residual() {
+        let state = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let (busy, gone, ended) = (
+            root.path().join("busy"),
+            root.path().join("gone"),
+            root.path().join("ended"),
+        );
+        for dir in [&busy, &gone, &ended] {
+            fs::create_dir(dir).unwrap();
+        }
+        let reader = Arc::new(FakeReader::default());
+        // The worker holds 150 MiB, all of it the running task's.
+        reader.set(MemorySource::Cgroup(root.path().into()), 150 * MIB);
+        reader.set(MemorySource::Cgroup(busy.clone()), 150 * MIB);
+        let m = start(state.path(), root.path(), reader.clone());
+        for (id, dir) in [("busy", &busy), ("gone", &gone), ("ended", &ended)] {
+            m.register(TaskRequest {
+                task_id: id.into(),
+                worker: None,
+                source: Some(MemorySource::Cgroup(dir.clone())),
+                soft_cap: None,
+            })
+            .unwrap();
+        }
+        m.finish("ended", TaskOutcome::Ended { exit_code: Some(0) })
+            .unwrap();
+        drop(m);
+
+        // Restarted: "gone"'s cgroup vanished meanwhile.
+        fs::remove_dir(&gone).unwrap();
+        let m = start(state.path(), root.path(), reader);
+        let ids: Vec<String> = m.tasks().into_iter().map(|t| t.task_id).collect();
+        assert_eq!(ids, ["busy"]);
+        // A new task starts: the 150 MiB are busy's, not residual.
+        let answer = m
+            .register(TaskRequest {
+                task_id: "next".into(),
+                worker: None,
+                source: None,
+                soft_cap: None,
+            })
+            .unwrap();
+        assert_eq!(answer.admission, Admission::Accepted);
+        assert_eq!(m.workers()[0].status, Health::Healthy);
     }
 }

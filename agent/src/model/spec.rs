@@ -121,7 +121,9 @@ impl Default for Settings {
 }
 
 /// A task registration (`POST /v1/tasks`, `memwatch exec`, a cgroup rule).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Also what the state directory keeps of a running task, so an agent
+/// restarted mid-task still counts its memory as the task's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub(crate) struct TaskRequest {
     pub task_id: String,
     /// `None`: the default worker.

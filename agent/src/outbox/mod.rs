@@ -31,7 +31,10 @@ pub(crate) mod store;
 
 use self::store::{Store, StoreError};
 use crate::{
-    model::event::{Event, EventBody},
+    model::{
+        event::{Event, EventBody},
+        spec::TaskRequest,
+    },
     telemetry::Metrics,
 };
 
@@ -288,6 +291,30 @@ impl Outbox {
                 false
             }
         }
+    }
+
+    /// Keeps a running task in the state directory (see [`TaskRequest`]);
+    /// false when it could not.
+    pub(crate) fn save_task(&self, task: &TaskRequest) -> bool {
+        self.lock()
+            .store
+            .save_task(task)
+            .map_err(|error| warn!(%error, task_id = %task.task_id, "cannot keep the task"))
+            .is_ok()
+    }
+
+    pub(crate) fn remove_task(&self, task_id: &str) {
+        if let Err(error) = self.lock().store.remove_task(task_id) {
+            warn!(%error, %task_id, "cannot forget the ended task");
+        }
+    }
+
+    /// The running tasks the last run kept.
+    pub(crate) fn saved_tasks(&self) -> Vec<TaskRequest> {
+        self.lock().store.tasks().unwrap_or_else(|error| {
+            warn!(%error, "cannot read the kept tasks");
+            Vec::new()
+        })
     }
 
     /// Periodic upkeep: writes out what waits in memory (and moved

@@ -12,7 +12,10 @@ use std::{
 
 use rusqlite::{Connection, OptionalExtension as _, params};
 
-use crate::model::event::{Event, Priority};
+use crate::model::{
+    event::{Event, Priority},
+    spec::TaskRequest,
+};
 
 /// The database file inside the state directory.
 pub(crate) const FILE_NAME: &str = "outbox.sqlite";
@@ -41,6 +44,10 @@ CREATE TABLE IF NOT EXISTS cursors (
 CREATE TABLE IF NOT EXISTS oom_counts (
     cgroup TEXT PRIMARY KEY,
     kills  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    json    TEXT NOT NULL
 );
 ";
 
@@ -317,6 +324,59 @@ impl Store {
         )?;
         tx.commit()?;
         Ok(())
+    }
+}
+
+/// What is kept of a running task; `v` is the record's version.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TaskRow {
+    v: u32,
+    task: TaskRequest,
+}
+
+/// The version of [`TaskRow`] this build writes.
+const TASK_ROW_VERSION: u32 = 1;
+
+impl Store {
+    /// Keeps a running task (replacing one of the same id).
+    pub(crate) fn save_task(&mut self, task: &TaskRequest) -> Result<(), StoreError> {
+        let json = serde_json::to_string(&TaskRow {
+            v: TASK_ROW_VERSION,
+            task: task.clone(),
+        })?;
+        self.conn.execute(
+            "INSERT INTO tasks (task_id, json) VALUES (?1, ?2) \
+             ON CONFLICT (task_id) DO UPDATE SET json = excluded.json",
+            params![task.task_id, json],
+        )?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_task(&mut self, task_id: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute("DELETE FROM tasks WHERE task_id = ?1", [task_id])?;
+        Ok(())
+    }
+
+    /// The running tasks kept; a row this build cannot read is skipped
+    /// (and named in the log), not fatal.
+    pub(crate) fn tasks(&self) -> Result<Vec<TaskRequest>, StoreError> {
+        let mut stmt = self.conn.prepare("SELECT task_id, json FROM tasks")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut tasks = Vec::new();
+        for row in rows {
+            let (task_id, json) = row?;
+            match serde_json::from_str::<TaskRow>(&json) {
+                Ok(row) if row.v <= TASK_ROW_VERSION => tasks.push(row.task),
+                Ok(row) => {
+                    tracing::warn!(%task_id, version = row.v, "a kept task of a newer build: skipped")
+                }
+                Err(error) => {
+                    tracing::warn!(%task_id, %error, "a kept task does not parse: skipped")
+                }
+            }
+        }
+        Ok(tasks)
     }
 }
 

@@ -224,6 +224,15 @@ impl Watchdog {
 
     /// Ends a task. Ending one that already ended is not an error: the
     /// answer is its final state, and no new event.
+    /// Takes back a task a previous run admitted: no admission check, no
+    /// event (it started before); its memory is read at the next sample.
+    pub(crate) fn restore(&mut self, req: TaskRequest, now: Instant) -> Result<(), WatchdogError> {
+        let worker = self.resolve_worker(req.worker.as_deref())?;
+        let task = TaskState::new(req.task_id.clone(), worker, req.source, req.soft_cap, now);
+        self.tasks.insert(req.task_id, task);
+        Ok(())
+    }
+
     pub(crate) fn finish(
         &mut self,
         task_id: &str,
