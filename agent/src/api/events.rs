@@ -14,6 +14,9 @@ use crate::model::event::Event;
 pub(super) const DEFAULT_LIMIT: usize = 100;
 /// The most events one page returns.
 pub(super) const MAX_LIMIT: usize = 1000;
+/// The most bytes of JSON one page holds (a heartbeat can be large): the
+/// page ends before the event that would pass it, never before the first.
+pub(super) const MAX_PAGE_BYTES: usize = 4 << 20;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,5 +38,15 @@ pub(super) async fn list(
             format!("limit must be between 1 and {MAX_LIMIT}, got {limit}"),
         ));
     }
-    Ok(Json(state.outbox.read(query.after, limit)))
+    let mut page = state.outbox.read(query.after, limit);
+    let mut bytes = 0;
+    let fits = page
+        .iter()
+        .take_while(|event| {
+            bytes += serde_json::to_vec(event).map_or(0, |json| json.len() + 1);
+            bytes <= MAX_PAGE_BYTES
+        })
+        .count();
+    page.truncate(fits.max(1));
+    Ok(Json(page))
 }

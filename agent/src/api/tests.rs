@@ -427,3 +427,33 @@ async fn mutating_routes_need_the_token_when_one_is_set() {
 }
 
 mod properties;
+
+#[tokio::test]
+async fn an_events_page_is_bounded_in_bytes_too() {
+    let state = state();
+    // Ten events of 1 MiB each: a page of 100 would be 10 MiB.
+    for _ in 0..10 {
+        let mut body = EventBody::new(EventKind::Heartbeat);
+        body.reason = Some("x".repeat(1 << 20));
+        state.outbox.append(body, None);
+    }
+    let (code, body) = get(&state, "/v1/events?limit=100").await;
+    assert_eq!(code, StatusCode::OK);
+    let page: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    assert!(
+        (1..=4).contains(&page.len()),
+        "{} events, {} bytes",
+        page.len(),
+        body.len()
+    );
+    assert!(
+        body.len() <= events::MAX_PAGE_BYTES + 1024,
+        "{}",
+        body.len()
+    );
+    // The next page goes on where this one ended.
+    let last = page.last().unwrap()["seq"].as_u64().unwrap();
+    let (_, next) = get(&state, &format!("/v1/events?after={last}&limit=100")).await;
+    let next: Vec<serde_json::Value> = serde_json::from_str(&next).unwrap();
+    assert_eq!(next[0]["seq"].as_u64(), Some(last + 1));
+}

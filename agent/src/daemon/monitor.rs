@@ -541,7 +541,8 @@ mod restart_tests {
     /// makes it: worker w1 (the cgroup `root`, soft cap 100 MiB).
     fn start(state: &Path, root: &Path, reader: Arc<FakeReader>) -> Monitor {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-        let outbox = Outbox::open(state, String::from("h"), Limits::default(), metrics.clone()).unwrap();
+        let outbox =
+            Outbox::open(state, String::from("h"), Limits::default(), metrics.clone()).unwrap();
         let worker = WorkerSpec {
             name: "w1".into(),
             source: MemorySource::Cgroup(root.into()),

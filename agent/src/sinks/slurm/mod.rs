@@ -95,6 +95,8 @@ impl Start for SlurmConfig {
                 ctx.state_dir.display()
             )
         })?;
+        let mut sink = sink;
+        sink.align(ctx.outbox.status().last_seq);
         Ok(vec![ctx.spawn_delivery(sink)])
     }
 }
@@ -156,6 +158,16 @@ impl SlurmSink {
                 format!("saving {}: {e}", self.path.display()),
             )
         })
+    }
+
+    /// An outbox that numbers from below what this sink handled was made
+    /// anew (its database set aside or removed): its events are new ones,
+    /// not to be skipped as done.
+    fn align(&mut self, outbox_last_seq: u64) {
+        if outbox_last_seq < self.state.last_seq {
+            warn!(sink = %self.config.name, handled = self.state.last_seq, outbox = outbox_last_seq, "the outbox was made anew: its events are handled from its start");
+            self.state.last_seq = 0;
+        }
     }
 
     fn node_of(&self, worker: &str) -> String {
@@ -240,10 +252,6 @@ impl SlurmSink {
     /// the lowest-named node keeps its drain and the others are resumed.
     async fn drain(&mut self, worker: &str, why: Option<&str>) -> Result<(), ScontrolError> {
         let node = self.node_of(worker);
-        if let Some(workers) = self.state.drained.get_mut(&node) {
-            workers.insert(worker.to_string());
-            return Ok(());
-        }
         if let Some(why) = stale(&self.health, worker) {
             info!(sink = %self.config.name, %node, %worker, %why, "drain skipped");
             self.pending.remove(worker);
@@ -262,6 +270,16 @@ impl SlurmSink {
             warn!(sink = %self.config.name, %node, %worker, "the controller does not know this node; not drained");
             return Ok(());
         };
+        if self.state.drained.contains_key(&node) && !me.drained_by_memwatch() {
+            // Resumed (or re-drained) by an operator since: what the state
+            // file says is the past, and the node is drainable again.
+            info!(sink = %self.config.name, %node, state = %me.state, "node memwatch drained was changed by someone else; forgotten");
+            self.state.drained.remove(&node);
+        }
+        if let Some(workers) = self.state.drained.get_mut(&node) {
+            workers.insert(worker.to_string());
+            return Ok(());
+        }
         if me.state.contains("DRAIN") {
             if me.drained_by_memwatch() {
                 // A drain of ours this sink's state file lost: adopt it.

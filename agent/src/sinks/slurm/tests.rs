@@ -369,3 +369,39 @@ async fn a_kill_recovered_after_the_fact_requeues_nothing() {
     assert!(fx.calls().is_empty(), "{:?}", fx.calls());
     assert_eq!(of_kind(&sink, EventKind::ActionSkipped).len(), 1);
 }
+
+#[tokio::test]
+async fn a_node_an_operator_resumed_is_drainable_again() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    let first = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[first]).await.unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists());
+    // The operator resumed n1 by hand; the worker is still unhealthy.
+    fs::remove_file(fx.dir.path().join("drained-n1")).unwrap();
+    let again = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[again]).await.unwrap();
+    assert!(
+        fx.dir.path().join("drained-n1").exists(),
+        "drained again: {:?}",
+        fx.calls()
+    );
+}
+
+#[tokio::test]
+async fn an_outbox_made_anew_is_not_skipped_as_done() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    fx.seq = 100;
+    let late = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[late]).await.unwrap();
+    assert_eq!(sink.state.last_seq, 101);
+    // The outbox restarted from 0 (its database set aside).
+    sink.align(3);
+    fs::remove_file(fx.dir.path().join("drained-n1")).unwrap();
+    sink.state.drained.clear();
+    fx.seq = 3;
+    let new = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[new]).await.unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists(), "seq 4 acted on");
+}
