@@ -18,7 +18,7 @@ use crate::{
         sampler::{self, MemoryReader},
     },
     model::{
-        event::EventBody,
+        event::{EventBody, EventKind},
         health::Health,
         spec::{MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
     },
@@ -30,6 +30,9 @@ use crate::{
         worker::WorkerView,
     },
 };
+
+/// At most one `task_rejected` event per worker this often.
+const REJECTION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) struct Monitor {
     watchdog: Mutex<Watchdog>,
@@ -43,6 +46,8 @@ pub(crate) struct Monitor {
     resolver: Mutex<CgroupResolver>,
     /// The caps the kernel holds and the usage it reports.
     kernel: KernelCaps,
+    /// When each worker's last `task_rejected` event was recorded.
+    last_rejection: Mutex<HashMap<String, Instant>>,
 }
 
 impl Monitor {
@@ -71,6 +76,7 @@ impl Monitor {
             rule_tasks: Mutex::default(),
             resolver: Mutex::new(CgroupResolver::new(hierarchy)),
             kernel: KernelCaps::default(),
+            last_rejection: Mutex::default(),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -177,16 +183,44 @@ impl Monitor {
         {
             self.recorder.outbox().save_task(&req);
         }
+        let mut events = registration.events.clone();
         match (&registration.admission, cgroup, cap) {
             (Admission::Rejected { reason }, _, _) => {
-                warn!(worker = %registration.worker, %reason, "task rejected")
+                warn!(worker = %registration.worker, %reason, "task rejected");
+                if self.rejection_recently_recorded(&registration.worker, now) {
+                    events.retain(|e| e.kind != EventKind::TaskRejected);
+                    self.recorder
+                        .metrics()
+                        .events_dropped
+                        .with_label_values(&["rate_limited"])
+                        .inc();
+                }
             }
             (_, Some(cgroup), Some(cap)) => self.kernel.push(&task_id, &cgroup, cap),
             _ => {}
         }
-        self.store(registration.events.iter().cloned(), now);
+        self.store(events, now);
         self.publish_gauges(&watchdog);
         Ok(registration)
+    }
+
+    /// Whether a `task_rejected` of `worker` was recorded less than
+    /// [`REJECTION_INTERVAL`] ago (else notes this one): a loop of
+    /// registrations on an unhealthy worker is answered 409 every time,
+    /// but fills the outbox with one event per interval, not one per try,
+    /// and cannot push real OOM kills out of it.
+    fn rejection_recently_recorded(&self, worker: &str, now: Instant) -> bool {
+        let mut last = self
+            .last_rejection
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match last.get(worker) {
+            Some(at) if now.duration_since(*at) < REJECTION_INTERVAL => true,
+            _ => {
+                last.insert(worker.to_string(), now);
+                false
+            }
+        }
     }
 
     pub(crate) fn finish(
@@ -611,5 +645,72 @@ mod restart_tests {
             .unwrap();
         assert_eq!(answer.admission, Admission::Accepted);
         assert_eq!(m.workers()[0].status, Health::Healthy);
+    }
+}
+
+#[cfg(test)]
+mod rejection_tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        cgroup::CgroupVersion, daemon::sampler::fake::FakeReader, outbox::Outbox,
+        telemetry::Metrics,
+    };
+
+    const MIB: u64 = 1 << 20;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_of_rejected_registrations_records_one_event_per_interval() {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h", 1000, metrics.clone());
+        let reader = FakeReader::default();
+        // 300 MiB of residual memory over a 100 MiB cap: every task is rejected.
+        reader.set(MemorySource::Cgroup("/cg/w1".into()), 300 * MIB);
+        let m = Monitor::new(
+            vec![WorkerSpec {
+                name: "w1".into(),
+                source: MemorySource::Cgroup("/cg/w1".into()),
+                soft_cap: Some(100 * MIB),
+                unhealthy_after: Duration::from_secs(60),
+                recover_after: Duration::from_secs(30),
+            }],
+            Settings::default(),
+            Vec::new(),
+            MemoryHierarchy {
+                root: "/cg".into(),
+                version: CgroupVersion::V1,
+            },
+            Arc::new(reader),
+            Recorder::new(outbox.clone(), metrics.clone()),
+        );
+        let task = |n: usize| TaskRequest {
+            task_id: format!("t{n}"),
+            worker: None,
+            source: None,
+            soft_cap: None,
+        };
+        let rejected = |outbox: &Outbox| {
+            outbox
+                .read(0, 1000)
+                .iter()
+                .filter(|e| e.body.kind == EventKind::TaskRejected)
+                .count()
+        };
+        for n in 0..50 {
+            let answer = m.register(task(n)).unwrap();
+            assert!(matches!(answer.admission, Admission::Rejected { .. }));
+        }
+        assert_eq!(rejected(&outbox), 1, "one event for fifty answers");
+        assert_eq!(
+            metrics
+                .events_dropped
+                .with_label_values(&["rate_limited"])
+                .get(),
+            49
+        );
+        tokio::time::advance(REJECTION_INTERVAL).await;
+        m.register(task(50)).unwrap();
+        assert_eq!(rejected(&outbox), 2, "one more after the interval");
     }
 }
