@@ -86,10 +86,30 @@ pub(crate) fn grown<'a>(
         .collect()
 }
 
+/// The host-wide OOM-kill count (`oom_kill` of /proc/vmstat, Linux 4.13+):
+/// every kill, global or of a cgroup's limit, counted once.
+pub(crate) fn host_oom_kills() -> Option<u64> {
+    host_oom_kills_in(&fs::read_to_string("/proc/vmstat").ok()?)
+}
+
+fn host_oom_kills_in(vmstat: &str) -> Option<u64> {
+    vmstat
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cgroup::temp_hierarchy as hierarchy;
+
+    #[test]
+    fn the_host_wide_count_is_vmstats_oom_kill_line() {
+        assert_eq!(host_oom_kills_in("pgfault 9\noom_kill 3\nfoo 1\n"), Some(3));
+        assert_eq!(host_oom_kills_in("pgfault 9\n"), None);
+        assert!(host_oom_kills().is_some(), "this kernel has the line");
+    }
 
     #[test]
     fn reads_v1_oom_control_counters_recursively() {

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 use self::{
     monitor::Monitor,
     pipeline::{PROBE_QUEUE, Pipeline},
-    reconcile::{KilledCgroups, OomBook, OomScan},
+    reconcile::{LiveKills, OomBook, OomScan},
     sampler::SystemReader,
     source::Source,
     status::StatusFn,
@@ -84,8 +84,8 @@ pub(crate) struct Daemon {
     source: Option<Source>,
     /// The OOM counters, once reconciled at attach.
     oom: Option<OomBook>,
-    /// The cgroups of OOM kills seen live since the last save.
-    killed: KilledCgroups,
+    /// OOM kills reported live since the last check.
+    live_kills: LiveKills,
 }
 
 impl Daemon {
@@ -161,7 +161,7 @@ impl Daemon {
             tasks,
             source: None,
             oom: None,
-            killed: KilledCgroups::default(),
+            live_kills: LiveKills::default(),
         })
     }
 
@@ -216,21 +216,31 @@ impl Daemon {
                 _ = ticker.tick() => {
                     let probe = self.source.as_ref().and_then(Source::probe);
                     let lost = counters.publish(probe, &self.metrics);
-                    self.probe().observe_ringbuf_drops(lost, Instant::now());
+                    let newly_lost = self.probe().observe_ringbuf_drops(lost, Instant::now());
+                    if let Some(oom) = &mut self.oom {
+                        // A lost record may have been a kill; the host-wide
+                        // count says whether any went unreported.
+                        if newly_lost {
+                            oom.owe_walk();
+                        }
+                        oom.watch_host(self.live_kills.pending());
+                    }
                     self.outbox().maintain();
                 }
                 _ = expiry.tick() => self.outbox().prune_expired(chrono::Utc::now()),
                 _ = oom_ticker.tick() => {
-                    let killed = self.killed.take();
-                    if let Some(oom) = &mut self.oom
-                        && (!killed.is_empty() || oom.unsaved())
-                    {
-                        oom.save(self.recorder.outbox(), OomScan::Cgroups(killed)).await;
+                    let live = self.live_kills.take();
+                    if let Some(oom) = &mut self.oom {
+                        let scan = oom.to_read(&live.0);
+                        oom.live(live);
+                        if let Some(scan) = scan {
+                            oom.check(&self.recorder, scan).await;
+                        }
                     }
                 }
                 _ = oom_rescan.tick() => {
                     if let Some(oom) = &mut self.oom {
-                        oom.save(self.recorder.outbox(), OomScan::Full).await;
+                        oom.owe_walk();
                     }
                 }
             }
@@ -276,7 +286,7 @@ impl Daemon {
             monitor: self.monitor.clone(),
             recorder: self.recorder.clone(),
             names: self.names.clone(),
-            killed: self.killed.clone(),
+            live_kills: self.live_kills.clone(),
         };
         source.pipeline = Some(tokio::spawn(pipeline.run(rx)));
         if let Some(watch) = source.probe().and_then(|p| p.kernel_watch()) {
@@ -302,10 +312,11 @@ impl Daemon {
         for task in self.tasks {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
         }
-        let outbox = self.recorder.outbox();
         if let Some(oom) = &mut self.oom {
-            oom.save(outbox, OomScan::Full).await;
+            oom.live(self.live_kills.take());
+            oom.check(&self.recorder, OomScan::Full).await;
         }
+        let outbox = self.recorder.outbox();
         if !outbox.maintain() {
             warn!(
                 pending = outbox.status().pending,

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
-    daemon::{monitor::Monitor, reconcile::KilledCgroups},
+    daemon::{monitor::Monitor, reconcile::LiveKills},
     model::event::{EventBody, EventKind, OomDetails},
     probe::{OomCount, OomVictim, ProbeEvent},
     record::Recorder,
@@ -23,8 +23,8 @@ const MAX_KILLS_PER_READING: u64 = 100;
 pub(crate) struct Pipeline {
     pub monitor: Arc<Monitor>,
     pub recorder: Recorder,
-    /// Where the kills' cgroups are noted, for the OOM counters' save.
-    pub killed: KilledCgroups,
+    /// Where live kills are noted, for the OOM counters' check.
+    pub live_kills: LiveKills,
     /// Scheduler names of processes (Dask addresses), for `oom_kill` events.
     pub names: SchedulerNames,
 }
@@ -45,9 +45,7 @@ impl Pipeline {
             ProbeEvent::OomVictim(victim) => {
                 let mut body = self.oom_kill(&victim);
                 let cgroup = body.cgroup.as_deref().map(Path::new);
-                if let Some(cgroup) = cgroup {
-                    self.killed.note(cgroup);
-                }
+                self.live_kills.note(cgroup);
                 let (task_id, worker, task_ended) = self.monitor.attribute_oom(cgroup, victim.pid);
                 body.task_id = task_id;
                 body.worker = worker;
@@ -79,7 +77,7 @@ impl Pipeline {
             body.constraint = Some(constraint);
             body.limit_cgroup = limit.map(|p| p.display().to_string());
             body.cgroup = Some(count.cgroup.display().to_string());
-            self.killed.note(&count.cgroup);
+            self.live_kills.note(Some(&count.cgroup));
             let (task_id, worker, task_ended) = self.monitor.attribute_oom(Some(&count.cgroup), 0);
             body.task_id = task_id;
             body.worker = worker;
@@ -192,7 +190,7 @@ mod tests {
         Pipeline {
             monitor: Arc::new(monitor),
             recorder,
-            killed: KilledCgroups::default(),
+            live_kills: LiveKills::default(),
             names: SchedulerNames::default(),
         }
     }

@@ -38,11 +38,15 @@ impl ProbeState {
     }
 
     /// Records the kernel's running total of ring-buffer losses.
-    pub(crate) fn observe_ringbuf_drops(&mut self, total: u64, now: Instant) {
+    /// Records the kernel's running total of ring-buffer losses; true when
+    /// it grew (records were lost since the last call).
+    pub(crate) fn observe_ringbuf_drops(&mut self, total: u64, now: Instant) -> bool {
         if total > self.ringbuf_drops {
             self.ringbuf_drops = total;
             self.last_drop = Some(now);
+            return true;
         }
+        false
     }
 }
 
