@@ -9,8 +9,9 @@ use std::{
 };
 
 use agent_common::{CgroupRecord, EVENTS_RING_BYTES};
-use memwatch_test_support::metrics::metric;
-use memwatch_tests::{agent::Agent, kernel_tests_enabled};
+use memwatch::EventKind;
+use memwatch_test_support::{metrics::metric, process::wait_timeout};
+use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in};
 
 /// Each mkdir and each rmdir writes one CgroupRecord (plus an 8-byte
 /// header); twice the ring's worth of records is sure to overflow it.
@@ -100,4 +101,79 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
         .post("/v1/tasks", Some(serde_json::json!({ "task_id": "after" })))
         .await;
     assert_eq!(code, 201);
+}
+
+/// An OOM kill whose record the full ring buffer dropped is still
+/// reported, once, from the kernel's counters: the loss triggers a walk,
+/// and a kill no live event accounted for becomes an `oom_kill` with
+/// `recovered: true` for its cgroup within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_lost_to_a_full_ring_buffer_is_recovered_from_the_counters() {
+    const TEST: &str = "a_kill_lost_to_a_full_ring_buffer_is_recovered_from_the_counters";
+    if !kernel_tests_enabled(TEST) {
+        return;
+    }
+    let agent = Agent::start(&[]).await;
+    let victim = TestCgroup::create("ring-lost-kill");
+    victim.limit(64 << 20);
+    let churn = TestCgroup::create("ring-churn");
+    {
+        agent.signal(libc::SIGSTOP);
+        let _resume = Resume(&agent);
+        for i in 0..cgroups_to_churn() {
+            let child = churn.path().join(format!("c{i}"));
+            std::fs::create_dir(&child).expect("mkdir");
+            std::fs::remove_dir(&child).expect("rmdir");
+        }
+        // The ring is full: this kill's record has no room.
+        let mut hog = memhog_in(victim.path(), 200, 30).spawn().expect("memhog");
+        let status = wait_timeout(&mut hog, Duration::from_secs(30))
+            .expect("wait memhog")
+            .expect("memhog OOM-killed within 30 s");
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    }
+    let resumed = Instant::now();
+    let kills = |events: &[memwatch::Event]| -> Vec<memwatch::Event> {
+        events
+            .iter()
+            .filter(|e| {
+                e.body.kind == EventKind::OomKill
+                    && e.body.cgroup.as_deref() == Some(victim.path_str())
+            })
+            .cloned()
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let found = loop {
+        let found = kills(&agent.all_events().await);
+        if !found.is_empty() || Instant::now() > deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let took = resumed.elapsed();
+    assert_eq!(
+        found.len(),
+        1,
+        "one report of the lost kill; log:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(found[0].body.recovered, Some(true), "{:?}", found[0]);
+    assert!(
+        found[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("1 OOM kill that no live event"),
+        "{:?}",
+        found[0]
+    );
+    // Nothing twice: later checks and walks add nothing.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(kills(&agent.all_events().await).len(), 1);
+    println!(
+        "a kill lost to a full ring buffer: recovered from the counters {took:?} after the reader resumed"
+    );
 }
