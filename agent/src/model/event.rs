@@ -25,10 +25,13 @@ pub enum EventKind {
     /// A sink did not act on an event the present contradicts (the worker
     /// is healthy again; a kill recovered after the fact): nothing done.
     ActionSkipped,
+    /// A stored event that does not parse was set aside (the outbox's
+    /// quarantine table), so that it stalls no sink.
+    EventQuarantined,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 13] = [
         Self::AgentStarted,
         Self::TaskStarted,
         Self::TaskRejected,
@@ -41,6 +44,7 @@ impl EventKind {
         Self::GuardBlocked,
         Self::ActionRefused,
         Self::ActionSkipped,
+        Self::EventQuarantined,
     ];
 
     /// How much the kind matters when the outbox is full: lower is dropped
@@ -55,6 +59,7 @@ impl EventKind {
             | Self::ActionRefused => Priority::Critical,
             Self::AgentStarted
             | Self::ActionSkipped
+            | Self::EventQuarantined
             | Self::TaskStarted
             | Self::TaskFinished
             | Self::SoftCapExceeded
@@ -77,6 +82,7 @@ impl EventKind {
             Self::GuardBlocked => "guard_blocked",
             Self::ActionRefused => "action_refused",
             Self::ActionSkipped => "action_skipped",
+            Self::EventQuarantined => "event_quarantined",
         }
     }
 }

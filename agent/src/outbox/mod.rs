@@ -32,7 +32,7 @@ pub(crate) mod store;
 use self::store::{Store, StoreError};
 use crate::{
     model::{
-        event::{Event, EventBody},
+        event::{Event, EventBody, EventKind},
         spec::TaskRequest,
     },
     telemetry::Metrics,
@@ -193,23 +193,40 @@ impl Outbox {
 
     /// Up to `limit` events with `seq > after`, oldest first.
     pub fn read(&self, after: u64, limit: usize) -> Vec<Event> {
-        let inner = self.lock();
-        let mut events = match inner.store.read(after, limit) {
-            Ok(events) => events,
-            Err(error) => {
-                warn!(%error, after, "cannot read the outbox database");
-                Vec::new()
-            }
+        let (events, set_aside) = {
+            let inner = self.lock();
+            let (mut events, set_aside) = match inner.store.read(after, limit) {
+                Ok(read) => read,
+                Err(error) => {
+                    warn!(%error, after, "cannot read the outbox database");
+                    (Vec::new(), Vec::new())
+                }
+            };
+            let room = limit.saturating_sub(events.len());
+            events.extend(
+                inner
+                    .pending
+                    .iter()
+                    .filter(|e| e.seq > after)
+                    .take(room)
+                    .cloned(),
+            );
+            (events, set_aside)
         };
-        let room = limit.saturating_sub(events.len());
-        events.extend(
-            inner
-                .pending
-                .iter()
-                .filter(|e| e.seq > after)
-                .take(room)
-                .cloned(),
-        );
+        // Said after the lock is let go: saying it appends.
+        for (seq, error) in set_aside {
+            warn!(seq, %error, "an outbox row does not parse: set aside, the sinks go on");
+            self.metrics
+                .events_dropped
+                .with_label_values(&["quarantined"])
+                .inc();
+            let mut body = EventBody::new(EventKind::EventQuarantined);
+            body.reason = Some(format!(
+                "event seq {seq} of the outbox does not parse ({error}); set aside in its \
+                 quarantine table for inspection, and skipped by every sink"
+            ));
+            self.append(body, None);
+        }
         events
     }
 

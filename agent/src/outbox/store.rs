@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS oom_counts (
     cgroup TEXT PRIMARY KEY,
     kills  INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS quarantine (
+    seq   INTEGER PRIMARY KEY,
+    json  TEXT NOT NULL,
+    error TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS tasks (
     task_id TEXT PRIMARY KEY,
     json    TEXT NOT NULL
@@ -173,19 +178,42 @@ impl Store {
         Ok(())
     }
 
-    /// Up to `limit` events with `seq > after`, oldest first.
-    pub(crate) fn read(&self, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT json FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
-        let rows = stmt.query_map(params![after as i64, limit as i64], |r| {
-            r.get::<_, String>(0)
-        })?;
+    /// Up to `limit` events with `seq > after`, oldest first. A row that
+    /// does not parse is moved to the `quarantine` table (kept for
+    /// inspection) instead of stalling every reader: its seq and why are in
+    /// the second list.
+    pub(crate) fn read(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<(Vec<Event>, Vec<(u64, String)>), StoreError> {
+        let rows: Vec<(i64, String)> = {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT seq, json FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            )?;
+            stmt.query_map(params![after as i64, limit as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })?
+            .collect::<Result<_, _>>()?
+        };
         let mut events = Vec::new();
-        for json in rows {
-            events.push(serde_json::from_str(&json?)?);
+        let mut set_aside = Vec::new();
+        for (seq, json) in rows {
+            match serde_json::from_str(&json) {
+                Ok(event) => events.push(event),
+                Err(error) => {
+                    let error = error.to_string();
+                    self.conn.execute(
+                        "INSERT OR REPLACE INTO quarantine (seq, json, error) VALUES (?1, ?2, ?3)",
+                        params![seq, json, error],
+                    )?;
+                    self.conn
+                        .execute("DELETE FROM events WHERE seq = ?1", [seq])?;
+                    set_aside.push((seq as u64, error));
+                }
+            }
         }
-        Ok(events)
+        Ok((events, set_aside))
     }
 
     /// Events stored.

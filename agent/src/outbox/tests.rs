@@ -252,3 +252,39 @@ fn memory_queue_is_bounded_by_the_same_policy() {
     assert!(hb > start);
     assert_eq!(dropped(&metrics, "unpersisted_full"), 2);
 }
+
+#[test]
+fn a_row_that_does_not_parse_is_set_aside_and_stalls_nobody() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, metrics) = open(dir.path(), Limits::default());
+    for _ in 0..3 {
+        add(&outbox, EventKind::TaskStarted);
+    }
+    // Another writer (a bug, a disk error) leaves row 2 unreadable.
+    let conn = rusqlite::Connection::open(dir.path().join(store::FILE_NAME)).unwrap();
+    conn.execute(
+        "UPDATE events SET json = '{\"seq\": 2, garbage' WHERE seq = 2",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let first: Vec<u64> = outbox.read(0, 1000).iter().map(|e| e.seq).collect();
+    assert_eq!(first, [1, 3], "the others are read");
+    assert_eq!(dropped(&metrics, "quarantined"), 1);
+    // Said once, as an event every sink gets; the row is kept aside.
+    let events = outbox.read(0, 1000);
+    let said: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.body.kind == EventKind::EventQuarantined)
+        .collect();
+    assert_eq!(said.len(), 1, "{events:?}");
+    assert!(said[0].body.reason.as_deref().unwrap().contains("seq 2"));
+    let conn = rusqlite::Connection::open(dir.path().join(store::FILE_NAME)).unwrap();
+    let kept: i64 = conn
+        .query_row("SELECT COUNT(*) FROM quarantine WHERE seq = 2", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(kept, 1);
+    assert_eq!(dropped(&metrics, "quarantined"), 1, "not twice");
+}

@@ -129,7 +129,32 @@ impl SlurmSink {
     ) -> io::Result<Self> {
         let path = state_dir.join(format!("slurm-{}.json", config.name));
         let state = match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(io::Error::other)?,
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(state) => state,
+                Err(error) => {
+                    // A crash loop on the node that most needs watching is
+                    // worse than forgetting what was drained: set it aside.
+                    let aside = path.with_extension(format!(
+                        "json.corrupt-{}",
+                        chrono::Utc::now().format("%Y%m%dT%H%M%S")
+                    ));
+                    fs::rename(&path, &aside)?;
+                    warn!(sink = %config.name, %error, aside = %aside.display(), "the Slurm sink's state does not parse: set aside");
+                    report(
+                        &recorder,
+                        EventKind::EventQuarantined,
+                        None,
+                        None,
+                        format!(
+                            "the Slurm sink {}'s state file does not parse ({error}); set aside as {} \
+                             and started afresh: nodes it drained before are resumed by hand",
+                            config.name,
+                            aside.display()
+                        ),
+                    );
+                    SlurmState::default()
+                }
+            },
             Err(e) if e.kind() == io::ErrorKind::NotFound => SlurmState::default(),
             Err(e) => return Err(e),
         };

@@ -405,3 +405,28 @@ async fn an_outbox_made_anew_is_not_skipped_as_done() {
     sink.send(&[new]).await.unwrap();
     assert!(fx.dir.path().join("drained-n1").exists(), "seq 4 acted on");
 }
+
+#[tokio::test]
+async fn a_state_file_that_does_not_parse_is_set_aside_not_fatal() {
+    let mut fx = Fixture::new();
+    fs::write(
+        fx.dir.path().join("slurm-slurm-1.json"),
+        "{\"drained\": tru",
+    )
+    .unwrap();
+    let mut sink = fx.sink();
+    let said = of_kind(&sink, EventKind::EventQuarantined);
+    assert_eq!(said.len(), 1);
+    let aside: Vec<_> = fs::read_dir(fx.dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "kept for inspection");
+    // And it works: drains, and saves a good file again.
+    let unhealthy = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[unhealthy]).await.unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists());
+    let saved = fs::read(fx.dir.path().join("slurm-slurm-1.json")).unwrap();
+    serde_json::from_slice::<serde_json::Value>(&saved).unwrap();
+}
