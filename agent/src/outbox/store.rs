@@ -82,6 +82,9 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
 }
 
+/// A stored row that did not parse: its seq, and why.
+pub(crate) type SetAside = (u64, String);
+
 pub(crate) struct Store {
     conn: Connection,
 }
@@ -186,7 +189,7 @@ impl Store {
         &self,
         after: u64,
         limit: usize,
-    ) -> Result<(Vec<Event>, Vec<(u64, String)>), StoreError> {
+    ) -> Result<(Vec<Event>, Vec<SetAside>), StoreError> {
         let rows: Vec<(i64, String)> = {
             let mut stmt = self.conn.prepare_cached(
                 "SELECT seq, json FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
