@@ -52,7 +52,12 @@ pub(crate) async fn health(
         }
     }
     let probe = state.probe().clone();
-    let verdict = crate::daemon::status::overall(&probe, &state.outbox.status(), &workers);
+    let verdict = crate::daemon::status::overall(
+        &probe,
+        &state.outbox.status(),
+        &workers,
+        &state.liveness.stalled(),
+    );
     let code = match verdict.status {
         Health::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
         Health::Healthy | Health::Degraded => StatusCode::OK,
@@ -76,7 +81,20 @@ pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, &'stati
     }
 }
 
-/// The process answers: for a liveness probe, never tied to worker health.
-pub(crate) async fn live() -> &'static str {
-    "alive\n"
+/// For a liveness probe, never tied to worker health: 200 while every loop
+/// of the agent makes progress, 503 naming those that do not (a restart
+/// is then the cure: see telemetry/liveness.rs).
+pub(crate) async fn live(State(state): State<AppState>) -> (StatusCode, String) {
+    let stalled = state.liveness.stalled();
+    if stalled.is_empty() {
+        return (StatusCode::OK, "alive\n".into());
+    }
+    let names: Vec<String> = stalled
+        .iter()
+        .map(|(name, silent)| format!("{name} ({}s)", silent.as_secs()))
+        .collect();
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("stalled: {}\n", names.join(", ")),
+    )
 }

@@ -22,6 +22,7 @@ use prometheus::Registry;
 use crate::{
     daemon::{monitor::Monitor, status::StatusFn},
     outbox::Outbox,
+    telemetry::liveness::Liveness,
     watchdog::self_health::ProbeState,
 };
 
@@ -36,6 +37,8 @@ pub(crate) struct AppState {
     pub api_token: Option<Arc<str>>,
     /// The full state for `/v1/status`.
     pub status: StatusFn,
+    /// Whether the agent's loops make progress (`/live`).
+    pub liveness: Liveness,
 }
 
 impl AppState {

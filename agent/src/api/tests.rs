@@ -45,13 +45,16 @@ fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
     );
     let probe: Arc<Mutex<ProbeState>> = Arc::default();
     let monitor = Arc::new(monitor);
+    let liveness = Liveness::default();
     AppState {
         status: crate::daemon::status::agent_status(
             "test-host".into(),
             probe.clone(),
             outbox.clone(),
             monitor.clone(),
+            liveness.clone(),
         ),
+        liveness,
         outbox,
         registry,
         probe,
@@ -456,4 +459,26 @@ async fn an_events_page_is_bounded_in_bytes_too() {
     let (_, next) = get(&state, &format!("/v1/events?after={last}&limit=100")).await;
     let next: Vec<serde_json::Value> = serde_json::from_str(&next).unwrap();
     assert_eq!(next[0]["seq"].as_u64(), Some(last + 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_fails_naming_a_loop_that_stopped_making_progress() {
+    let state = state();
+    let pipeline = state
+        .liveness
+        .register("pipeline", crate::telemetry::liveness::IDLE_BEAT);
+    let (code, body) = get(&state, "/live").await;
+    assert_eq!((code, body.as_str()), (StatusCode::OK, "alive\n"));
+    tokio::time::advance(crate::telemetry::liveness::MIN_STALL).await;
+    let (code, body) = get(&state, "/live").await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.starts_with("stalled: pipeline (60s)"), "{body}");
+    let (_, health) = get(&state, "/health").await;
+    assert!(
+        health.contains("pipeline made no progress for 60s"),
+        "{health}"
+    );
+    pipeline.beat();
+    let (code, _) = get(&state, "/live").await;
+    assert_eq!(code, StatusCode::OK, "progress again");
 }

@@ -30,6 +30,7 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
         monitor: daemon.monitor().clone(),
         api_token: daemon.config().api_token.as_deref().map(Arc::from),
         status: daemon.status().clone(),
+        liveness: daemon.liveness().clone(),
     };
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(

@@ -46,7 +46,10 @@ use crate::{
     probe::{counters::CounterPublisher, ebpf::ProbeError, privilege},
     record::Recorder,
     sinks::{self, SinkContext, WorkerHealth, dask::names::SchedulerNames},
-    telemetry::Metrics,
+    telemetry::{
+        Metrics,
+        liveness::{Beat, IDLE_BEAT, Liveness},
+    },
     watchdog::self_health::ProbeState,
 };
 
@@ -86,6 +89,8 @@ pub(crate) struct Daemon {
     oom: Option<OomBook>,
     /// OOM kills reported live since the last check.
     live_kills: LiveKills,
+    /// Whether each loop makes progress.
+    liveness: Liveness,
 }
 
 impl Daemon {
@@ -127,11 +132,13 @@ impl Daemon {
             info!(tasks = restored, "running tasks of the last run taken back");
         }
         let probe_state = Arc::new(Mutex::new(ProbeState::default()));
+        let liveness = Liveness::default();
         let status = status::agent_status(
             config.node_name.clone(),
             probe_state.clone(),
             outbox.clone(),
             monitor.clone(),
+            liveness.clone(),
         );
         let (stop_tasks, tasks_stopped) = watch::channel(false);
         let names = SchedulerNames::default();
@@ -145,6 +152,7 @@ impl Daemon {
             workers: all_workers(&config),
             names: names.clone(),
             health: worker_health(&monitor),
+            liveness: liveness.clone(),
         };
         let tasks = sinks::start_all(&config.sinks, &sink_context)?;
         Ok(Self {
@@ -162,6 +170,7 @@ impl Daemon {
             source: None,
             oom: None,
             live_kills: LiveKills::default(),
+            liveness,
         })
     }
 
@@ -185,6 +194,10 @@ impl Daemon {
         &self.probe_state
     }
 
+    pub(crate) fn liveness(&self) -> &Liveness {
+        &self.liveness
+    }
+
     pub(crate) fn status(&self) -> &StatusFn {
         &self.status
     }
@@ -206,8 +219,10 @@ impl Daemon {
             tokio::time::interval_at(Instant::now() + OOM_RESCAN_INTERVAL, OOM_RESCAN_INTERVAL);
         let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
         let mut counters = CounterPublisher::new(self.config.bpf_stats);
+        let beat = self.liveness.register("main loop", COUNTER_INTERVAL);
         tokio::pin!(stop);
         loop {
+            beat.beat();
             tokio::select! {
                 name = &mut stop => {
                     info!(signal = name, "shutting down");
@@ -252,7 +267,7 @@ impl Daemon {
     /// and starts the pipeline, the heartbeats and the sampling loop.
     async fn attach(&mut self) -> anyhow::Result<()> {
         let (tx, rx) = mpsc::channel(PROBE_QUEUE);
-        let mut source = Source::start(&self.config, &self.hierarchy, tx).await?;
+        let mut source = Source::start(&self.config, &self.hierarchy, tx, &self.liveness).await?;
         let (kind, attach) = source.describe();
         {
             let mut state = self.probe();
@@ -288,13 +303,18 @@ impl Daemon {
             names: self.names.clone(),
             live_kills: self.live_kills.clone(),
         };
-        source.pipeline = Some(tokio::spawn(pipeline.run(rx)));
+        let beat = self.liveness.register("pipeline", IDLE_BEAT);
+        source.pipeline = Some(tokio::spawn(pipeline.run(rx, beat)));
         if let Some(watch) = source.probe().and_then(|p| p.kernel_watch()) {
             self.monitor.attach_kernel_watch(watch);
         }
+        let beat = self
+            .liveness
+            .register("sampler", self.config.sample_interval);
         source.sampling = Some(tokio::spawn(sample_forever(
             self.monitor.clone(),
             self.config.sample_interval,
+            beat,
         )));
         self.source = Some(source);
         Ok(())
@@ -372,11 +392,12 @@ fn all_workers(config: &Config) -> Arc<[WorkerSpec]> {
 /// Reads worker and task memory every `interval` and runs the checks. The
 /// file reads block, so each round runs on the blocking pool; a slow round
 /// delays the next instead of piling up.
-async fn sample_forever(monitor: Arc<Monitor>, interval: Duration) {
+async fn sample_forever(monitor: Arc<Monitor>, interval: Duration, beat: Beat) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let now = monitor.sample_now();
     loop {
+        beat.beat();
         tokio::select! {
             _ = ticker.tick() => {}
             // A cap crossed in the kernel: look now.

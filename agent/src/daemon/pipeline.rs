@@ -12,6 +12,7 @@ use crate::{
     probe::{OomCount, OomVictim, ProbeEvent},
     record::Recorder,
     sinks::dask::names::SchedulerNames,
+    telemetry::liveness::{Beat, IDLE_BEAT},
 };
 
 /// Bound of the queue between the ring-buffer reader and the pipeline.
@@ -31,9 +32,16 @@ pub(crate) struct Pipeline {
 
 impl Pipeline {
     /// Runs until every sender is gone.
-    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<ProbeEvent>) {
-        while let Some(event) = rx.recv().await {
-            self.handle(event);
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<ProbeEvent>, beat: Beat) {
+        loop {
+            beat.beat();
+            tokio::select! {
+                event = rx.recv() => match event {
+                    Some(event) => self.handle(event),
+                    None => return,
+                },
+                _ = tokio::time::sleep(IDLE_BEAT) => {}
+            }
         }
     }
 
@@ -208,7 +216,11 @@ mod tests {
             .await
             .unwrap();
         drop(tx);
-        p.run(rx).await;
+        p.run(
+            rx,
+            crate::telemetry::liveness::Liveness::default().register("pipeline", IDLE_BEAT),
+        )
+        .await;
 
         let events = outbox.read(0, 10);
         assert_eq!(events.len(), 1);

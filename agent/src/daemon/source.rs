@@ -16,6 +16,7 @@ use crate::{
         ebpf::{EbpfProbe, ProbeOptions},
         poll,
     },
+    telemetry::liveness::{IDLE_BEAT, Liveness},
 };
 
 pub(super) struct Source {
@@ -34,7 +35,9 @@ impl Source {
         config: &Config,
         hierarchy: &MemoryHierarchy,
         tx: mpsc::Sender<ProbeEvent>,
+        liveness: &Liveness,
     ) -> anyhow::Result<Self> {
+        let beat = || liveness.register("reader", poll::DEFAULT_INTERVAL.max(IDLE_BEAT));
         let polling = |reader, ebpf_unavailable| Self {
             probe: None,
             reader,
@@ -44,7 +47,7 @@ impl Source {
         };
         if config.source == SourceChoice::Poll {
             info!("source poll (configured)");
-            let reader = poll::spawn(hierarchy.clone(), poll::DEFAULT_INTERVAL, tx);
+            let reader = poll::spawn(hierarchy.clone(), poll::DEFAULT_INTERVAL, tx, beat());
             return Ok(polling(reader, None));
         }
         let btf_path = config.btf_path.clone();
@@ -59,7 +62,7 @@ impl Source {
             .context("probe loader panicked")?;
         match (loaded, config.source) {
             (Ok(mut probe), _) => {
-                let reader = probe.spawn_reader(tx)?;
+                let reader = probe.spawn_reader(tx, beat())?;
                 Ok(Self {
                     probe: Some(probe),
                     reader,
@@ -70,7 +73,7 @@ impl Source {
             }
             (Err(error), SourceChoice::Auto) => {
                 warn!(%error, "eBPF unavailable: falling back to polling the cgroup files");
-                let reader = poll::spawn(hierarchy.clone(), poll::DEFAULT_INTERVAL, tx);
+                let reader = poll::spawn(hierarchy.clone(), poll::DEFAULT_INTERVAL, tx, beat());
                 Ok(polling(reader, Some(error.to_string())))
             }
             (Err(error), _) => Err(error.into()),

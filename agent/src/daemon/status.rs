@@ -3,15 +3,22 @@
 //! reconcile from either. [`AgentStatus`] is the one type the API serves
 //! and `memwatch status` reads.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::{
     daemon::monitor::Monitor,
-    model::{health::Verdict, source::SourceKind},
+    model::{
+        health::{Health, Verdict},
+        source::SourceKind,
+    },
     outbox::{Outbox, OutboxStatus},
+    telemetry::liveness::Liveness,
     watchdog::{
         self_health::{self, ProbeState},
         task::TaskView,
@@ -45,12 +52,13 @@ pub(crate) fn agent_status(
     probe: Arc<Mutex<ProbeState>>,
     outbox: Outbox,
     monitor: Arc<Monitor>,
+    liveness: Liveness,
 ) -> StatusFn {
     Arc::new(move || {
         let probe = probe.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let outbox_status = outbox.status();
         let workers = monitor.workers();
-        let health = overall(&probe, &outbox_status, &workers);
+        let health = overall(&probe, &outbox_status, &workers, &liveness.stalled());
         AgentStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
             host: host.clone(),
@@ -72,6 +80,7 @@ pub(crate) fn overall(
     probe: &ProbeState,
     outbox: &OutboxStatus,
     workers: &[WorkerView],
+    stalled: &[(String, Duration)],
 ) -> Verdict {
     let mut verdict = self_health::assess(probe, Instant::now());
     self_health::assess_outbox(
@@ -79,6 +88,15 @@ pub(crate) fn overall(
         outbox.pending,
         &mut verdict,
     );
+    for (name, silent) in stalled {
+        verdict.add(
+            Health::Degraded,
+            format!(
+                "{name} made no progress for {}s: /live fails, so the agent is restarted",
+                silent.as_secs()
+            ),
+        );
+    }
     for w in workers {
         for reason in &w.reasons {
             verdict.add(w.status, format!("worker {}: {reason}", w.name));

@@ -1,5 +1,6 @@
 //! Loading and attaching the eBPF programs, and reading their ring buffer.
 
+use crate::telemetry::liveness::{Beat, IDLE_BEAT};
 use std::{io, path::Path};
 
 use std::sync::{
@@ -243,9 +244,12 @@ impl EbpfProbe {
     /// full the reader waits, the ring buffer fills, and the kernel counts
     /// what it cannot store ([`ProbeCounter::RingbufFull`]): the queue is
     /// bounded at both ends and every loss is counted.
+    /// Reads the ring buffer into `tx`, beating `beat` at every wake and
+    /// every [`IDLE_BEAT`] while the ring is empty.
     pub(crate) fn spawn_reader(
         &mut self,
         tx: mpsc::Sender<ProbeEvent>,
+        beat: Beat,
     ) -> Result<JoinHandle<()>, ProbeError> {
         let ring = take_map(&mut self.ebpf, maps::EVENTS, RingBuf::try_from)?;
         // SAFETY: the RingBuf owns its map fd, which stays open and the same
@@ -255,9 +259,11 @@ impl EbpfProbe {
         let page_size = procfs::page_size();
         Ok(tokio::spawn(async move {
             loop {
-                let mut guard = match fd.readable_mut().await {
-                    Ok(guard) => guard,
-                    Err(error) => {
+                beat.beat();
+                let mut guard = match tokio::time::timeout(IDLE_BEAT, fd.readable_mut()).await {
+                    Err(_) => continue,
+                    Ok(Ok(guard)) => guard,
+                    Ok(Err(error)) => {
                         warn!(%error, "ring buffer poll failed; reader stops");
                         return;
                     }

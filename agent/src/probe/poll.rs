@@ -19,7 +19,10 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, warn};
 
 use super::{CgroupChange, OomCount, ProbeEvent};
-use crate::cgroup::{MemoryHierarchy, oom};
+use crate::{
+    cgroup::{MemoryHierarchy, oom},
+    telemetry::liveness::Beat,
+};
 
 /// Default time between two readings.
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -87,6 +90,7 @@ pub(crate) fn spawn(
     hierarchy: MemoryHierarchy,
     interval: Duration,
     tx: mpsc::Sender<ProbeEvent>,
+    beat: Beat,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let h = hierarchy.clone();
@@ -100,6 +104,7 @@ pub(crate) fn spawn(
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            beat.beat();
             ticker.tick().await;
             let h = hierarchy.clone();
             let Ok(now) = tokio::task::spawn_blocking(move || Reading::take(&h)).await else {

@@ -12,7 +12,15 @@ use backon::{BackoffBuilder as _, ExponentialBuilder};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::{model::event::Event, outbox::Outbox, sinks::config::Delivery, telemetry::Metrics};
+use crate::{
+    model::event::Event,
+    outbox::Outbox,
+    sinks::config::Delivery,
+    telemetry::{
+        Metrics,
+        liveness::{Beat, IDLE_BEAT},
+    },
+};
 
 /// Why an attempt failed; a metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,11 +84,34 @@ pub(crate) fn backoff(delivery: &Delivery) -> impl Iterator<Item = Duration> + S
 /// Delivers until `shutdown` turns true. Events in flight when it does are
 /// sent again at the next start (at least once).
 pub async fn run<S: Sink>(
+    sink: S,
+    outbox: Outbox,
+    metrics: Metrics,
+    shutdown: watch::Receiver<bool>,
+) {
+    run_beating(sink, outbox, metrics, shutdown, None).await;
+}
+
+/// The period a sink's loop beats at, at least (see [`run_beating`]): a
+/// send takes up to `timeout`, a pause up to `retry_max`.
+pub(crate) fn beat_period(delivery: &Delivery) -> Duration {
+    (delivery.timeout + delivery.retry_max).max(IDLE_BEAT)
+}
+
+/// [`run`], beating `beat` at every attempt and pause, and every
+/// [`IDLE_BEAT`] while there is nothing to send.
+pub(crate) async fn run_beating<S: Sink>(
     mut sink: S,
     outbox: Outbox,
     metrics: Metrics,
     mut shutdown: watch::Receiver<bool>,
+    beat: Option<Beat>,
 ) {
+    let beat = || {
+        if let Some(b) = &beat {
+            b.beat();
+        }
+    };
     let name = sink.name().to_string();
     let delivery = *sink.delivery();
     let mut acked = outbox.register_sink(&name);
@@ -90,6 +121,7 @@ pub async fn run<S: Sink>(
     let delivered = metrics.sink_delivered.with_label_values(&[name.as_str()]);
     let retries = metrics.sink_retries.with_label_values(&[name.as_str()]);
     loop {
+        beat();
         if *shutdown.borrow() {
             return;
         }
@@ -99,12 +131,14 @@ pub async fn run<S: Sink>(
             tokio::select! {
                 changed = newest.changed() => if changed.is_err() { return },
                 _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(IDLE_BEAT) => {}
             }
             continue;
         };
         let first = batch[0].seq;
         let mut pauses = backoff(&delivery);
         loop {
+            beat();
             let result = tokio::select! {
                 result = sink.send(&batch) => result,
                 _ = shutdown.changed() => return,

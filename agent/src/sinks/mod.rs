@@ -34,7 +34,7 @@ use crate::{
     },
     outbox::Outbox,
     record::Recorder,
-    telemetry::Metrics,
+    telemetry::{Metrics, liveness::Liveness},
 };
 
 /// A worker's health now, by name (the watchdog's present verdict): what a
@@ -88,16 +88,23 @@ pub struct SinkContext {
     pub names: SchedulerNames,
     /// Each worker's health now.
     pub(crate) health: WorkerHealth,
+    /// Where the sinks' loops say they make progress.
+    pub(crate) liveness: Liveness,
 }
 
 impl SinkContext {
-    /// Runs `sink`'s delivery loop until shutdown.
+    /// Runs `sink`'s delivery loop until shutdown, watched for progress.
     pub fn spawn_delivery<S: Sink>(&self, sink: S) -> JoinHandle<()> {
-        tokio::spawn(delivery::run(
+        let beat = self.liveness.register(
+            &format!("sink {}", sink.name()),
+            delivery::beat_period(sink.delivery()),
+        );
+        tokio::spawn(delivery::run_beating(
             sink,
             self.outbox.clone(),
             self.metrics.clone(),
             self.stop.clone(),
+            Some(beat),
         ))
     }
 }

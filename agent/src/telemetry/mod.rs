@@ -4,6 +4,8 @@
 //! drop reason, probe counter), never a pid or a cgroup. The registry is
 //! made in `main` and passed down.
 
+pub(crate) mod liveness;
+
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tracing_subscriber::EnvFilter;
 
