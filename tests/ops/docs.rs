@@ -21,9 +21,9 @@ fn source(path: &str) -> String {
     read(path).replace("pub(crate) ", "pub ")
 }
 
-/// `memwatch_*` names exported by the agent: the constants of telemetry.rs.
+/// `memwatch_*` names exported by the agent: the constants of telemetry/mod.rs.
 fn exported_metrics() -> BTreeSet<String> {
-    let names: BTreeSet<String> = source("agent/src/telemetry.rs")
+    let names: BTreeSet<String> = source("agent/src/telemetry/mod.rs")
         .lines()
         .filter(|l| l.trim_start().starts_with("pub const"))
         .filter_map(|l| l.split('"').nth(1))
@@ -32,7 +32,7 @@ fn exported_metrics() -> BTreeSet<String> {
         .collect();
     assert!(
         names.len() >= 20,
-        "telemetry.rs constants not found: {names:?}"
+        "telemetry/mod.rs constants not found: {names:?}"
     );
     names
 }
