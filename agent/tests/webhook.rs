@@ -189,3 +189,53 @@ async fn signed_batches_verify_with_the_shared_secret() {
         assert!(wrong.verify_slice(&hex::decode(hex_mac).unwrap()).is_err());
     }
 }
+
+/// A receiver with a body limit (413 to bigger requests) still gets every
+/// event, in order: the sink halves its batches until they fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_refuses_big_batches_still_gets_every_event() {
+    let state = tempfile::tempdir().unwrap();
+    let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+    let outbox = Outbox::open(state.path(), "h1", Default::default(), metrics.clone()).unwrap();
+    for _ in 0..40 {
+        outbox.append(EventBody::new(EventKind::OomKill), None);
+    }
+    let addr = free_addr();
+    let receiver = Receiver::start_on(addr);
+    // About four events fit; the sink starts with batches of 32.
+    receiver.answer(Answer::LimitBody(1000));
+    let mut hook = config(addr, None);
+    hook.delivery.batch_size = 32;
+    let sink = WebhookSink::new(hook).unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(memwatch::deliver(
+        sink,
+        outbox.clone(),
+        metrics.clone(),
+        stopped,
+    ));
+    wait_until_async(
+        "every event received",
+        Duration::from_secs(20),
+        async || receiver.events().len() >= 40,
+    )
+    .await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    let seqs: Vec<u64> = receiver
+        .events()
+        .iter()
+        .map(|(_, e)| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=40).collect::<Vec<u64>>());
+    assert!(receiver.count(Answer::Status(413)) >= 1, "it did refuse");
+    assert_eq!(
+        failures(&metrics, "refused"),
+        receiver.count(Answer::Status(413)) as u64
+    );
+    assert_eq!(
+        metrics.events_dropped.with_label_values(&["refused"]).get(),
+        0,
+        "none parked: each fits alone"
+    );
+}

@@ -31,6 +31,10 @@ pub enum FailureClass {
     Timeout,
     /// An answer that is not an acknowledgement (HTTP non-2xx, JetStream error).
     Status,
+    /// The far end refuses this batch for good (HTTP 4xx but 408 and 429:
+    /// too large, malformed): sending it again would fail again. The batch
+    /// is split; a single event refused is parked (skipped and counted).
+    Refused,
     Other,
 }
 
@@ -40,6 +44,7 @@ impl FailureClass {
             Self::Connect => "connect",
             Self::Timeout => "timeout",
             Self::Status => "status",
+            Self::Refused => "refused",
             Self::Other => "other",
         }
     }
@@ -115,6 +120,9 @@ pub(crate) async fn run_beating<S: Sink>(
     let name = sink.name().to_string();
     let delivery = *sink.delivery();
     let mut acked = outbox.register_sink(&name);
+    // Events per batch now: halved while the far end refuses batches,
+    // doubled back after each one it takes.
+    let mut limit = delivery.batch_size;
     let mut newest = outbox.subscribe();
     info!(sink = %name, acked_seq = acked, "delivery started");
     let backlog = metrics.sink_backlog.with_label_values(&[name.as_str()]);
@@ -126,7 +134,7 @@ pub(crate) async fn run_beating<S: Sink>(
             return;
         }
         backlog.set(outbox.backlog(&name) as i64);
-        let batch = outbox.read(acked, delivery.batch_size);
+        let batch = outbox.read(acked, limit);
         let Some(last) = batch.last().map(|e| e.seq) else {
             tokio::select! {
                 changed = newest.changed() => if changed.is_err() { return },
@@ -137,17 +145,21 @@ pub(crate) async fn run_beating<S: Sink>(
         };
         let first = batch[0].seq;
         let mut pauses = backoff(&delivery);
-        loop {
+        let refused = loop {
             beat();
             let result = tokio::select! {
                 result = sink.send(&batch) => result,
                 _ = shutdown.changed() => return,
             };
-            let Err(error) = result else { break };
+            let Err(error) = result else { break false };
             metrics
                 .sink_failures
                 .with_label_values(&[name.as_str(), error.class.as_str()])
                 .inc();
+            if error.class == FailureClass::Refused {
+                warn!(sink = %name, first_seq = first, last_seq = last, events = batch.len(), %error, "batch refused for good");
+                break true;
+            }
             let pause = pauses.next().unwrap_or(delivery.retry_max);
             warn!(
                 sink = %name,
@@ -163,10 +175,23 @@ pub(crate) async fn run_beating<S: Sink>(
                 _ = shutdown.changed() => return,
             }
             retries.inc();
+        };
+        if refused && batch.len() > 1 {
+            // Smaller batches: the offending event ends up alone.
+            limit = batch.len() / 2;
+            continue;
+        }
+        if refused {
+            // One event the far end will never take: parked, so that the
+            // ones after it are not held for ever.
+            warn!(sink = %name, seq = first, id = %batch[0].id, kind = batch[0].body.kind.as_str(), "event refused for good: parked (skipped by this sink)");
+            metrics.events_dropped.with_label_values(&["refused"]).inc();
+        } else {
+            delivered.inc_by(batch.len() as u64);
+            limit = (limit * 2).min(delivery.batch_size);
         }
         outbox.ack(&name, last);
         acked = last;
-        delivered.inc_by(batch.len() as u64);
         debug!(sink = %name, first_seq = first, last_seq = last, "batch acknowledged");
     }
 }
@@ -276,5 +301,76 @@ mod tests {
             5
         );
         assert_eq!(outbox.status().sinks["scripted"].acked_seq, 5);
+    }
+}
+
+#[cfg(test)]
+mod refused_tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::model::event::{EventBody, EventKind};
+
+    /// Refuses (for good) any batch of more than 2 events, and any batch
+    /// holding seq 5; takes the rest.
+    struct Picky {
+        delivery: Delivery,
+        taken: Arc<Mutex<Vec<u64>>>,
+    }
+
+    impl Sink for Picky {
+        fn name(&self) -> &str {
+            "picky"
+        }
+        fn delivery(&self) -> &Delivery {
+            &self.delivery
+        }
+        async fn send(&mut self, batch: &[Event]) -> Result<(), SendError> {
+            if batch.len() > 2 || batch.iter().any(|e| e.seq == 5) {
+                return Err(SendError::new(FailureClass::Refused, "413"));
+            }
+            self.taken
+                .lock()
+                .unwrap()
+                .extend(batch.iter().map(|e| e.seq));
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refused_batches_are_split_and_an_event_refused_alone_is_parked() {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h", 100, metrics.clone());
+        for _ in 0..9 {
+            outbox.append(EventBody::new(EventKind::TaskStarted), None);
+        }
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let sink = Picky {
+            delivery: Delivery {
+                batch_size: 8,
+                ..Delivery::default()
+            },
+            taken: Arc::clone(&taken),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(sink, outbox.clone(), metrics.clone(), stopped));
+        for _ in 0..100 {
+            if outbox.backlog("picky") == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.send(true).unwrap();
+        task.await.unwrap();
+        assert_eq!(
+            *taken.lock().unwrap(),
+            [1, 2, 3, 4, 6, 7, 8, 9],
+            "in order, 5 parked"
+        );
+        assert_eq!(
+            metrics.events_dropped.with_label_values(&["refused"]).get(),
+            1
+        );
+        assert_eq!(outbox.backlog("picky"), 0, "nothing held for ever");
     }
 }

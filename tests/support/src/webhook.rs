@@ -34,6 +34,9 @@ pub enum Answer {
     /// Nothing for this long (past a sink's timeout), then 200; the events
     /// not received.
     Hang(Duration),
+    /// 413 Payload Too Large to a body over this many bytes (as servers
+    /// with a body limit answer); the others as [`Answer::Accept`].
+    LimitBody(usize),
 }
 
 /// One request as the receiver saw it.
@@ -204,6 +207,11 @@ fn serve(stream: TcpStream, shared: &Shared) -> io::Result<()> {
         };
         let arrived = SystemTime::now();
         let mut answer = lock(&shared.answer).unwrap_or(Answer::Accept);
+        answer = match answer {
+            Answer::LimitBody(limit) if body.len() > limit => Answer::Status(413),
+            Answer::LimitBody(_) => Answer::Accept,
+            other => other,
+        };
         let mut events = None;
         if method != "POST" || path != PATH {
             answer = Answer::Status(404);
@@ -232,6 +240,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> io::Result<()> {
             }
             Answer::Status(404) => "404 Not Found".to_string(),
             Answer::Status(400) => "400 Bad Request".to_string(),
+            Answer::Status(413) => "413 Payload Too Large".to_string(),
+            Answer::LimitBody(_) => unreachable!("resolved above"),
             Answer::Status(code) => format!("{code} Status"),
         };
         let connection = if close { "close" } else { "keep-alive" };

@@ -95,8 +95,18 @@ impl Sink for WebhookSink {
         if status.is_success() {
             return Ok(());
         }
+        // 4xx but 408 (timeout) and 429 (slow down): this request will
+        // never be taken (too large, malformed); sending it again is no use.
+        let refused = status.is_client_error()
+            && status != reqwest::StatusCode::REQUEST_TIMEOUT
+            && status != reqwest::StatusCode::TOO_MANY_REQUESTS;
+        let class = if refused {
+            FailureClass::Refused
+        } else {
+            FailureClass::Status
+        };
         Err(SendError::new(
-            FailureClass::Status,
+            class,
             format!("{} answered {status}", self.config.url),
         ))
     }
