@@ -267,6 +267,7 @@ impl Daemon {
     /// and starts the pipeline, the heartbeats and the sampling loop.
     async fn attach(&mut self) -> anyhow::Result<()> {
         let (tx, rx) = mpsc::channel(PROBE_QUEUE);
+        let baseline = OomBook::baseline(&self.hierarchy).await?;
         let mut source = Source::start(&self.config, &self.hierarchy, tx, &self.liveness).await?;
         let (kind, attach) = source.describe();
         {
@@ -288,9 +289,7 @@ impl Daemon {
             env!("CARGO_PKG_VERSION")
         ));
         self.recorder.record(started, None);
-        // After the probe is attached: a kill in between is reported twice
-        // (live and recovered) rather than not at all.
-        self.oom = Some(OomBook::open(&self.hierarchy, &self.recorder).await?);
+        self.oom = Some(OomBook::open(baseline, &self.recorder));
         self.tasks.push(tokio::spawn(heartbeat::run(
             self.recorder.clone(),
             self.config.heartbeat_interval,

@@ -62,6 +62,13 @@ pub(crate) struct OomBook {
     unsaved: bool,
 }
 
+/// The kernel's OOM counters read before the probe attached.
+pub(crate) struct Baseline {
+    hierarchy: MemoryHierarchy,
+    counts: BTreeMap<String, u64>,
+    host: Option<u64>,
+}
+
 /// OOM kills reported live since the last [`LiveKills::take`], by cgroup
 /// (and in all, with those whose cgroup was unknown). The pipeline notes
 /// them; the daemon's loop hands them to the [`OomBook`].
@@ -96,18 +103,34 @@ pub(crate) enum OomScan {
 }
 
 impl OomBook {
-    /// Reports the OOM kills the kernel counted while the agent was down
-    /// (as `oom_kill` events with `recovered: true`), then saves the
-    /// counters.
-    pub(crate) async fn open(
-        hierarchy: &MemoryHierarchy,
-        recorder: &Recorder,
-    ) -> anyhow::Result<Self> {
+    /// Reads the kernel's counters: the baseline. Done before the probe
+    /// attaches: a kill after this reading is reported live, or found by a
+    /// check (it counts above the baseline); a kill before it, while the
+    /// agent was down, by [`OomBook::open`]. Read after attaching instead,
+    /// a kill in between whose live record was lost would be in the
+    /// baseline, and never reported.
+    pub(crate) async fn baseline(hierarchy: &MemoryHierarchy) -> anyhow::Result<Baseline> {
         let h = hierarchy.clone();
         let (counts, host) =
             tokio::task::spawn_blocking(move || (read_oom_counts(&h), host_oom_kills()))
                 .await
                 .context("reading OOM counters")?;
+        Ok(Baseline {
+            hierarchy: hierarchy.clone(),
+            counts,
+            host,
+        })
+    }
+
+    /// Reports the OOM kills the kernel counted while the agent was down
+    /// (as `oom_kill` events with `recovered: true`), then saves the
+    /// counters.
+    pub(crate) fn open(baseline: Baseline, recorder: &Recorder) -> Self {
+        let Baseline {
+            hierarchy,
+            counts,
+            host,
+        } = baseline;
         let outbox = recorder.outbox();
         let saved = outbox.saved_oom_counts();
         for body in recovered_kills(saved.as_ref(), &counts) {
@@ -121,8 +144,8 @@ impl OomBook {
         }
         let accounted = nonzero(counts);
         let saved = outbox.save_oom_counts(&accounted);
-        Ok(Self {
-            hierarchy: hierarchy.clone(),
+        Self {
+            hierarchy,
             accounted,
             suspects: BTreeMap::new(),
             host_base: host,
@@ -131,7 +154,7 @@ impl OomBook {
             walk_owed: false,
             host_ahead: false,
             unsaved: !saved,
-        })
+        }
     }
 
     /// Kills reported live: accounted for.
@@ -150,6 +173,7 @@ impl OomBook {
     /// Something says a kill may have been missed (the ring buffer lost
     /// records): the next check walks every cgroup.
     pub(crate) fn owe_walk(&mut self) {
+        tracing::debug!("OOM counters: a walk is owed");
         self.walk_owed = true;
     }
 
@@ -231,6 +255,7 @@ impl OomBook {
                 self.suspects.insert(cgroup, kills);
             }
         }
+        tracing::debug!(full, suspects = ?self.suspects, accounted = self.accounted.len(), reported = self.reported, host = ?host, base = ?self.host_base, "OOM counters checked");
         if full {
             self.check_host(recorder, host);
         }
@@ -377,7 +402,7 @@ mod tests {
         control(&a, 1);
         control(&b, 0);
         let recorder = recorder();
-        let mut book = OomBook::open(&h, &recorder).await.unwrap();
+        let mut book = OomBook::open(OomBook::baseline(&h).await.unwrap(), &recorder);
         let key = |p: &Path| p.display().to_string();
         assert_eq!(
             book.accounted,

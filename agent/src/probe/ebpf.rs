@@ -260,18 +260,24 @@ impl EbpfProbe {
         Ok(tokio::spawn(async move {
             loop {
                 beat.beat();
-                let mut guard = match tokio::time::timeout(IDLE_BEAT, fd.readable_mut()).await {
-                    Err(_) => continue,
-                    Ok(Ok(guard)) => guard,
+                match tokio::time::timeout(IDLE_BEAT, fd.readable_mut()).await {
+                    Ok(Ok(mut guard)) => guard.clear_ready(),
+                    // No wakeup for a while: read anyway. The kernel wakes a
+                    // reader only when it had caught up, so a wakeup that
+                    // came between the last read and clear_ready() is lost
+                    // for good; this bounds that to one IDLE_BEAT.
+                    Err(_) => {}
                     Ok(Err(error)) => {
                         warn!(%error, "ring buffer poll failed; reader stops");
                         return;
                     }
-                };
+                }
                 let clock = ClockPair::now();
-                // The record borrows the ring: decode it (a copy) before awaiting.
-                while let Some(decoded) = guard
-                    .get_inner_mut()
+                // Readiness is cleared before reading, so a record committed
+                // while this drains wakes the next wait. The record borrows
+                // the ring: decode it (a copy) before awaiting.
+                while let Some(decoded) = fd
+                    .get_mut()
                     .next()
                     .map(|item| decode::record(&item, page_size, &clock))
                 {
@@ -284,7 +290,6 @@ impl EbpfProbe {
                         Err(error) => warn!(%error, "undecodable ring buffer record"),
                     }
                 }
-                guard.clear_ready();
             }
         }))
     }
