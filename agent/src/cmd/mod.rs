@@ -95,6 +95,9 @@ pub struct DoctorArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub agent: AgentArgs,
+    /// The agent's status as JSON (`GET /v1/status`), for scripts.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -185,7 +188,10 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
             report(run::run(config).await)
         }
         Command::Events(args) => report(events::run(&args).await),
-        Command::Status(args) => report(status::run(&args).await),
+        Command::Status(args) => match status::run(&args).await {
+            Ok(verdict) => ExitCode::from(status::exit_code(verdict)),
+            Err(error) => report(Err(error)),
+        },
         Command::Doctor(args) => doctor::run(&args),
         Command::Exec(args) => {
             crate::telemetry::init_logging("warn");

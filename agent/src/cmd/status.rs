@@ -5,18 +5,34 @@ use std::fmt::Write as _;
 use super::{StatusArgs, client::AgentClient};
 use crate::{
     api::health::HealthBody,
+    model::health::Health,
     watchdog::{
         task::TaskView,
         worker::{WorkerView, bytes},
     },
 };
 
-pub(crate) async fn run(args: &StatusArgs) -> anyhow::Result<()> {
+/// Prints the summary (or with `--json` the status); the host's verdict.
+pub(crate) async fn run(args: &StatusArgs) -> anyhow::Result<Health> {
     let client = AgentClient::new(&args.agent)?;
     let health = client.health().await?;
     let status = client.status().await?;
-    print!("{}", render(&health, &status.workers, &status.tasks));
-    Ok(())
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", render(&health, &status.workers, &status.tasks));
+    }
+    Ok(health.status)
+}
+
+/// Scripts can test the verdict: 0 healthy, 3 degraded, 4 unhealthy (1 is
+/// an error reaching the agent, 2 bad flags).
+pub(crate) fn exit_code(verdict: Health) -> u8 {
+    match verdict {
+        Health::Healthy => 0,
+        Health::Degraded => 3,
+        Health::Unhealthy => 4,
+    }
 }
 
 fn render(health: &HealthBody, workers: &[WorkerView], tasks: &[TaskView]) -> String {
@@ -75,7 +91,7 @@ fn render(health: &HealthBody, workers: &[WorkerView], tasks: &[TaskView]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{health::Health, source::SourceKind};
+    use crate::model::source::SourceKind;
 
     #[test]
     fn summary_names_status_reasons_workers_and_tasks() {
@@ -107,5 +123,17 @@ mod tests {
             text.contains("w1               unhealthy     300.0 MiB    300.0 MiB    200.0 MiB"),
             "{text}"
         );
+    }
+}
+
+#[cfg(test)]
+mod exit_tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_status_says_the_verdict() {
+        assert_eq!(exit_code(Health::Healthy), 0);
+        assert_eq!(exit_code(Health::Degraded), 3);
+        assert_eq!(exit_code(Health::Unhealthy), 4);
     }
 }

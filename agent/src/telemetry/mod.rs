@@ -49,9 +49,13 @@ pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_tot
 pub(crate) fn init_logging(default_level: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // Colour only for a person at a terminal: escape codes in a file,
+    // journald or `kubectl logs` are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second init (tests) is harmless: keep the first subscriber.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .try_init();
 }
