@@ -362,6 +362,12 @@ impl Config {
                 ),
             ));
         }
+        self.validate_workers()
+    }
+
+    /// Worker names are unique; rules, `[kubernetes]` and Slurm's `nodes`
+    /// name declared workers.
+    fn validate_workers(&self) -> Result<(), ConfigError> {
         let mut names = std::collections::HashSet::new();
         for w in &self.workers {
             if !names.insert(w.name.as_str()) {

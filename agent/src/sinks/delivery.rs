@@ -97,6 +97,56 @@ pub async fn run<S: Sink>(
     run_beating(sink, outbox, metrics, shutdown, None).await;
 }
 
+/// Sends `batch` until the far end takes it (`Some(false)`) or refuses it
+/// for good (`Some(true)`), pausing with backoff between failed attempts;
+/// `None` at shutdown.
+async fn send_until_taken<S: Sink>(
+    sink: &mut S,
+    batch: &[Event],
+    metrics: &Metrics,
+    shutdown: &mut watch::Receiver<bool>,
+    beat: &impl Fn(),
+) -> Option<bool> {
+    let name = sink.name().to_string();
+    let delivery = *sink.delivery();
+    let (first, last) = (batch[0].seq, batch[batch.len() - 1].seq);
+    let retries = metrics.sink_retries.with_label_values(&[name.as_str()]);
+    let mut pauses = backoff(&delivery);
+    loop {
+        beat();
+        let result = tokio::select! {
+            result = sink.send(batch) => result,
+            _ = shutdown.changed() => return None,
+        };
+        let Err(error) = result else {
+            return Some(false);
+        };
+        metrics
+            .sink_failures
+            .with_label_values(&[name.as_str(), error.class.as_str()])
+            .inc();
+        if error.class == FailureClass::Refused {
+            warn!(sink = %name, first_seq = first, last_seq = last, events = batch.len(), %error, "batch refused for good");
+            return Some(true);
+        }
+        let pause = pauses.next().unwrap_or(delivery.retry_max);
+        warn!(
+            sink = %name,
+            first_seq = first,
+            last_seq = last,
+            class = error.class.as_str(),
+            %error,
+            retry_in = ?pause,
+            "delivery failed; will retry"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.changed() => return None,
+        }
+        retries.inc();
+    }
+}
+
 /// The period a sink's loop beats at, at least (see [`run_beating`]): a
 /// send takes up to `timeout`, a pause up to `retry_max`.
 pub(crate) fn beat_period(delivery: &Delivery) -> Duration {
@@ -127,7 +177,6 @@ pub(crate) async fn run_beating<S: Sink>(
     info!(sink = %name, acked_seq = acked, "delivery started");
     let backlog = metrics.sink_backlog.with_label_values(&[name.as_str()]);
     let delivered = metrics.sink_delivered.with_label_values(&[name.as_str()]);
-    let retries = metrics.sink_retries.with_label_values(&[name.as_str()]);
     loop {
         beat();
         if *shutdown.borrow() {
@@ -144,38 +193,11 @@ pub(crate) async fn run_beating<S: Sink>(
             continue;
         };
         let first = batch[0].seq;
-        let mut pauses = backoff(&delivery);
-        let refused = loop {
-            beat();
-            let result = tokio::select! {
-                result = sink.send(&batch) => result,
-                _ = shutdown.changed() => return,
+        let refused =
+            match send_until_taken(&mut sink, &batch, &metrics, &mut shutdown, &beat).await {
+                Some(refused) => refused,
+                None => return,
             };
-            let Err(error) = result else { break false };
-            metrics
-                .sink_failures
-                .with_label_values(&[name.as_str(), error.class.as_str()])
-                .inc();
-            if error.class == FailureClass::Refused {
-                warn!(sink = %name, first_seq = first, last_seq = last, events = batch.len(), %error, "batch refused for good");
-                break true;
-            }
-            let pause = pauses.next().unwrap_or(delivery.retry_max);
-            warn!(
-                sink = %name,
-                first_seq = first,
-                last_seq = last,
-                class = error.class.as_str(),
-                %error,
-                retry_in = ?pause,
-                "delivery failed; will retry"
-            );
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = shutdown.changed() => return,
-            }
-            retries.inc();
-        };
         if refused && batch.len() > 1 {
             // Smaller batches: the offending event ends up alone.
             limit = batch.len() / 2;

@@ -145,19 +145,7 @@ impl Watchdog {
         if let Some(existing) = self.tasks.get(&req.task_id) {
             return Ok(again(existing));
         }
-        let limit = self.settings.max_tasks_per_worker;
-        if self
-            .tasks
-            .values()
-            .filter(|t| t.worker == worker_name)
-            .count()
-            >= limit
-        {
-            return Err(WatchdogError::TooManyTasks {
-                worker: worker_name,
-                limit,
-            });
-        }
+        self.check_room(&worker_name)?;
         let mut events = Vec::new();
         let residual = self.residual(&worker_name, sample, Some(&req.task_id));
         let worker = self.workers.get_mut(&worker_name).expect("resolved above");
@@ -224,6 +212,19 @@ impl Watchdog {
 
     /// Ends a task. Ending one that already ended is not an error: the
     /// answer is its final state, and no new event.
+    /// A worker runs at most `max_tasks_per_worker` tasks.
+    fn check_room(&self, worker: &str) -> Result<(), WatchdogError> {
+        let limit = self.settings.max_tasks_per_worker;
+        let running = self.tasks.values().filter(|t| t.worker == worker).count();
+        if running >= limit {
+            return Err(WatchdogError::TooManyTasks {
+                worker: worker.to_string(),
+                limit,
+            });
+        }
+        Ok(())
+    }
+
     /// Takes back a task a previous run admitted: no admission check, no
     /// event (it started before); its memory is read at the next sample.
     pub(crate) fn restore(&mut self, req: TaskRequest, now: Instant) -> Result<(), WatchdogError> {

@@ -306,16 +306,7 @@ impl SlurmSink {
             return Ok(());
         }
         if me.state.contains("DRAIN") {
-            if me.drained_by_memwatch() {
-                // A drain of ours this sink's state file lost: adopt it.
-                self.state
-                    .drained
-                    .entry(node)
-                    .or_default()
-                    .insert(worker.into());
-            } else {
-                info!(sink = %self.config.name, %node, %worker, reason = %me.reason, "node already drained by someone else; left alone");
-            }
+            self.already_drained(worker, &node, me);
             return Ok(());
         }
         let pool = nodes::pool(&all, me);
@@ -331,17 +322,7 @@ impl SlurmSink {
             self.hold(worker, &node, &reason);
             return Ok(());
         }
-        let mut reason = format!(
-            "{REASON_PREFIX} worker {worker} unhealthy: {}",
-            why.unwrap_or("no reason given")
-        );
-        if reason.len() > MAX_REASON {
-            let mut end = MAX_REASON;
-            while !reason.is_char_boundary(end) {
-                end -= 1;
-            }
-            reason.truncate(end);
-        }
+        let reason = drain_reason(worker, why);
         let decided = std::time::Instant::now();
         self.scontrol(&[
             "update".into(),
@@ -360,6 +341,20 @@ impl SlurmSink {
         self.pending.remove(worker);
         self.blocked.remove(worker);
         self.recheck(worker, &node, decided).await
+    }
+
+    /// The node is drained already: by memwatch (a drain this sink's state
+    /// file lost: adopted) or by someone else (left alone).
+    fn already_drained(&mut self, worker: &str, node: &str, me: &Node) {
+        if me.drained_by_memwatch() {
+            self.state
+                .drained
+                .entry(node.to_string())
+                .or_default()
+                .insert(worker.into());
+        } else {
+            info!(sink = %self.config.name, %node, %worker, reason = %me.reason, "node already drained by someone else; left alone");
+        }
     }
 
     /// The check after a drain: see [`SlurmSink::drain`].
@@ -556,6 +551,23 @@ pub(crate) fn job_id(event: &Event) -> Option<u64> {
         rest.split('-').next()?.parse().ok()
     };
     from_cgroup.or_else(from_task)
+}
+
+/// The drain's `Reason=`: memwatch's mark, the worker and why, cut to what
+/// Slurm keeps.
+fn drain_reason(worker: &str, why: Option<&str>) -> String {
+    let mut reason = format!(
+        "{REASON_PREFIX} worker {worker} unhealthy: {}",
+        why.unwrap_or("no reason given")
+    );
+    if reason.len() > MAX_REASON {
+        let mut end = MAX_REASON;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
 }
 
 impl Sink for SlurmSink {
