@@ -132,7 +132,7 @@ fn validate(task: NewTask, cgroup_root: &std::path::Path) -> Result<TaskRequest,
         (None, Some(path)) if !path.is_dir() => {
             return Err(bad(format!("`cgroup` {} does not exist", path.display())));
         }
-        (None, Some(path)) => match crate::cgroup::memory_cgroup_under(cgroup_root, &path) {
+        (None, Some(path)) => match crate::cgroup::cgroup_under(cgroup_root, &path) {
             Ok(real) => Some(MemorySource::Cgroup(real)),
             Err(problem) => return Err(bad(format!("`cgroup` {}: {problem}", path.display()))),
         },

@@ -349,7 +349,7 @@ async fn bad_task_requests_are_rejected_and_change_nothing() {
             r#"{"task_id":"t","cgroup":"/no/such/cgroup"}"#,
             StatusCode::BAD_REQUEST,
         ),
-        // A real directory, but not a memory cgroup of the hierarchy: it
+        // A real directory, but not a cgroup of the hierarchy: it
         // would hide a sick worker behind a fake task.
         (
             Some(JSON),

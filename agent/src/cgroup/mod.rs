@@ -410,10 +410,10 @@ fn enable_memory_controller_above(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// `path` as a memory cgroup of the hierarchy at `root`: resolved (no
-/// `..`, no symlink out), under `root`, and a cgroup with the memory
-/// controller (it has the usage file). The resolved path, or why not.
-pub(crate) fn memory_cgroup_under(root: &Path, path: &Path) -> Result<PathBuf, String> {
+/// `path` as a cgroup of the memory hierarchy at `root`: resolved (no
+/// `..`, no symlink out), under `root`, and a cgroup (it has
+/// `cgroup.procs`). The resolved path, or why not.
+pub(crate) fn cgroup_under(root: &Path, path: &Path) -> Result<PathBuf, String> {
     let real = path
         .canonicalize()
         .map_err(|e| format!("cannot be resolved ({e})"))?;
@@ -424,11 +424,11 @@ pub(crate) fn memory_cgroup_under(root: &Path, path: &Path) -> Result<PathBuf, S
             root.display()
         ));
     }
-    if !["memory.current", "memory.usage_in_bytes"]
-        .iter()
-        .any(|f| real.join(f).is_file())
-    {
-        return Err("is not a memory cgroup (no memory.current or memory.usage_in_bytes)".into());
+    // Any cgroup of the hierarchy, with or without its own memory
+    // controller (on v2 a parent with processes of its own gives its
+    // children none: their memory counts as the parent's).
+    if !real.join("cgroup.procs").is_file() {
+        return Err("is not a cgroup (no cgroup.procs)".into());
     }
     Ok(real)
 }
@@ -509,20 +509,20 @@ mod containment_tests {
         let job = root.path().join("job");
         fs::create_dir(&job).unwrap();
         assert!(
-            memory_cgroup_under(root.path(), &job)
+            cgroup_under(root.path(), &job)
                 .unwrap_err()
-                .contains("not a memory cgroup")
+                .contains("not a cgroup")
         );
-        fs::write(job.join("memory.usage_in_bytes"), "0\n").unwrap();
+        fs::write(job.join("cgroup.procs"), "").unwrap();
         assert_eq!(
-            memory_cgroup_under(root.path(), &job).unwrap(),
+            cgroup_under(root.path(), &job).unwrap(),
             job.canonicalize().unwrap()
         );
         // Outside, by path or by a way out.
         let elsewhere = tempfile::tempdir().unwrap();
-        fs::write(elsewhere.path().join("memory.current"), "0\n").unwrap();
+        fs::write(elsewhere.path().join("cgroup.procs"), "").unwrap();
         assert!(
-            memory_cgroup_under(root.path(), elsewhere.path())
+            cgroup_under(root.path(), elsewhere.path())
                 .unwrap_err()
                 .contains("not under")
         );
@@ -530,10 +530,10 @@ mod containment_tests {
             .join("..")
             .join("..")
             .join(elsewhere.path().file_name().unwrap());
-        assert!(memory_cgroup_under(root.path(), &dotdot).is_err());
+        assert!(cgroup_under(root.path(), &dotdot).is_err());
         std::os::unix::fs::symlink(elsewhere.path(), root.path().join("link")).unwrap();
         assert!(
-            memory_cgroup_under(root.path(), &root.path().join("link"))
+            cgroup_under(root.path(), &root.path().join("link"))
                 .unwrap_err()
                 .contains("not under")
         );
