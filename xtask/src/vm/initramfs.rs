@@ -90,13 +90,16 @@ pub(super) fn build(dir: &Path, contents: &Contents<'_>) -> anyhow::Result<PathB
     Ok(cpio)
 }
 
+/// The tests of a binary run one at a time in the VM: its emulated CPUs
+/// are one host thread, and agents of tests running side by side there
+/// would measure each other's load, not the latency the bounds are about.
 fn init_script(contents: &Contents<'_>) -> String {
     let mut tests = String::new();
     for test in contents.tests {
         let name = test_name(test);
         tests.push_str(&format!(
             "echo \"MEMWATCH-VM-TEST-BEGIN {name}\"\n\
-             (cd '{workdir}' && '{exe}' --show-output 2>&1)\n\
+             (cd '{workdir}' && '{exe}' --show-output --test-threads=1 2>&1)\n\
              r=$?\n\
              echo \"{TEST_END} {name} rc=$r\"\n\
              [ $r -eq 0 ] || rc=1\n",
