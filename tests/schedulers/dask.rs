@@ -294,7 +294,14 @@ async fn dask_two_hosts_never_retire_every_worker() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (kept_by, event) = said.expect("one agent reports why its worker stays");
+    let Some((kept_by, event)) = said else {
+        panic!(
+            "no agent reported why its worker stays; listed now: {:?}\nagent 1:\n{}\nagent 2:\n{}",
+            cluster.listed().await,
+            agents[0].log_text(),
+            agents[1].log_text()
+        );
+    };
     // Heartbeats retry every 2 s: the cluster keeps one worker, and runs.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let listed = cluster.listed().await;
