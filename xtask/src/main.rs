@@ -81,8 +81,19 @@ enum Task {
     },
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().task {
+fn main() -> std::process::ExitCode {
+    // The error's chain, not a backtrace: a CI log's tail must say what failed.
+    match run(Cli::parse().task) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> anyhow::Result<()> {
+    match task {
         Task::Setup => setup::ensure(),
         Task::Run { args } => {
             setup::ensure()?;

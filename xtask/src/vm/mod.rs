@@ -50,6 +50,9 @@ pub(crate) struct Outcome {
     pub doctor: Option<serde_json::Value>,
     /// Why the run is not a pass beyond failed tests (timeout, no exit line).
     pub problem: Option<String>,
+    /// The failed tests' names and panic messages, repeated at the end of the
+    /// run so that a log's tail says what failed.
+    pub failures: Vec<String>,
 }
 
 impl Outcome {
@@ -145,6 +148,15 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
         .map(|o| o.spec.as_str())
         .collect();
     if !failed.is_empty() {
+        for o in outcomes.iter().filter(|o| !o.ok()) {
+            eprintln!("xtask: vm-test: {} failed:", o.spec);
+            for line in &o.failures {
+                eprintln!("  {line}");
+            }
+            if let Some(problem) = &o.problem {
+                eprintln!("  {problem}");
+            }
+        }
         bail!("the kernel tests failed on: {}", failed.join(", "));
     }
     Ok(())
@@ -463,10 +475,17 @@ struct Console {
     exit: Option<i32>,
     doctor: Option<String>,
     failed_binaries: Vec<String>,
+    failures: Vec<String>,
+    /// Lines of a panic message still to keep.
+    panic_lines: usize,
 }
+
+/// At most this many lines of failures are kept per kernel.
+const MAX_FAILURE_LINES: usize = 60;
 
 impl Console {
     fn take(&mut self, line: &str) {
+        self.keep_failure(line);
         // libtest: `test result: ok. 7 passed; 0 failed; 0 ignored; …`
         if let Some(rest) = line.strip_prefix("test result: ") {
             for part in rest.split([';', '.']) {
@@ -501,7 +520,31 @@ impl Console {
         }
     }
 
+    /// Keeps `test … FAILED` lines and panic messages (the panic line and
+    /// the few after it, which hold the assertion's message).
+    fn keep_failure(&mut self, line: &str) {
+        let keep = if line.starts_with("test ") && line.ends_with("FAILED") {
+            true
+        } else if line.contains("panicked at") {
+            self.panic_lines = 4;
+            true
+        } else if self.panic_lines > 0 {
+            // The message ends at a blank line, a note or a backtrace.
+            let ended = line.trim().is_empty()
+                || line.starts_with("note: ")
+                || line.starts_with("stack backtrace:");
+            self.panic_lines = if ended { 0 } else { self.panic_lines - 1 };
+            !ended
+        } else {
+            false
+        };
+        if keep && self.failures.len() < MAX_FAILURE_LINES {
+            self.failures.push(line.to_string());
+        }
+    }
+
     fn fill(self, outcome: &mut Outcome) {
+        outcome.failures = self.failures;
         outcome.passed = self.passed;
         outcome.failed = self.failed;
         outcome.ignored = self.ignored;
@@ -578,5 +621,30 @@ mod tests {
         assert_eq!(outcome.exit, Some(1));
         assert_eq!(outcome.doctor, Some(serde_json::json!({"rows": []})));
         assert!(!outcome.ok());
+    }
+
+    #[test]
+    fn failed_tests_and_their_panics_are_kept_for_the_summary() {
+        let mut console = Console::default();
+        for line in [
+            "test fine ... ok",
+            "test worker_stuck ... FAILED",
+            "---- worker_stuck stdout ----",
+            "thread 'worker_stuck' panicked at tests/kernel/watchdog.rs:10:5:",
+            "gap 247 ms, bound 200 ms",
+            "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace",
+            "",
+            "unrelated line",
+        ] {
+            console.take(line);
+        }
+        assert_eq!(
+            console.failures,
+            [
+                "test worker_stuck ... FAILED",
+                "thread 'worker_stuck' panicked at tests/kernel/watchdog.rs:10:5:",
+                "gap 247 ms, bound 200 ms",
+            ]
+        );
     }
 }
