@@ -25,6 +25,11 @@ fn counter(text: &str, series: &str) -> f64 {
     metric(text, series).unwrap_or(0.0)
 }
 
+/// One test at a time: each churns cgroups, and every agent's probe sees
+/// every cgroup made on the host, so one test's churn overflowed the other
+/// agent's ring (157 drops where the other test expected none, in a CI run).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// SIGCONTs the agent even when the test fails half way.
 struct Resume<'a>(&'a Agent);
 
@@ -39,6 +44,7 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
     if !kernel_tests_enabled("a_full_ring_buffer_is_counted_and_degrades_health") {
         return;
     }
+    let _serial = SERIAL.lock().await;
     let agent = Agent::start(&[]).await;
     let (_, metrics) = agent.get("/metrics").await;
     assert_eq!(
@@ -113,6 +119,7 @@ async fn a_kill_lost_to_a_full_ring_buffer_is_recovered_from_the_counters() {
     if !kernel_tests_enabled(TEST) {
         return;
     }
+    let _serial = SERIAL.lock().await;
     let agent = Agent::start(&[]).await;
     let victim = TestCgroup::create("ring-lost-kill");
     victim.limit(64 << 20);
