@@ -40,7 +40,8 @@ pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
     crate::layers::run()?;
     // The kernel tests run the real binaries: build them first.
     shell::build_bins(false)?;
-    let mut args: Vec<String> = vec!["test".into(), "--locked".into()];
+    // Every test binary, even after one failed: one run shows every failure.
+    let mut args: Vec<String> = vec!["test".into(), "--locked".into(), "--no-fail-fast".into()];
     args.extend(HOST_CRATES.map(String::from));
     args.push("--".into());
     if extra.is_empty() {
