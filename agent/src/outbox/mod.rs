@@ -334,6 +334,30 @@ impl Outbox {
         })
     }
 
+    /// Keeps `worker` as unhealthy (its cause as JSON) across restarts.
+    pub(crate) fn keep_unhealthy(&self, worker: &str, cause: serde_json::Value) {
+        if let Err(error) = self.lock().store.keep_unhealthy(worker, cause) {
+            warn!(%error, %worker, "cannot keep the worker's health");
+        }
+    }
+
+    pub(crate) fn forget_unhealthy(&self, worker: &str) {
+        if let Err(error) = self.lock().store.forget_unhealthy(worker) {
+            warn!(%error, %worker, "cannot forget the worker's kept health");
+        }
+    }
+
+    /// The workers the last run left unhealthy, with their causes.
+    pub(crate) fn unhealthy_workers(&self) -> Vec<(String, serde_json::Value)> {
+        self.lock()
+            .store
+            .unhealthy_workers()
+            .unwrap_or_else(|error| {
+                warn!(%error, "cannot read the kept worker health");
+                Vec::new()
+            })
+    }
+
     /// Periodic upkeep: writes out what waits in memory (and moved
     /// cursors). Returns whether everything is written.
     pub fn maintain(&self) -> bool {

@@ -54,6 +54,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     task_id TEXT PRIMARY KEY,
     json    TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS unhealthy_workers (
+    name TEXT PRIMARY KEY,
+    json TEXT NOT NULL
+);
 ";
 
 /// `meta` key of the highest seq ever stored: kept apart from the events
@@ -408,6 +412,66 @@ impl Store {
             }
         }
         Ok(tasks)
+    }
+}
+
+/// What is kept of an unhealthy worker: why it is (the watchdog's cause,
+/// as JSON); `v` is the record's version.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WorkerRow {
+    v: u32,
+    cause: serde_json::Value,
+}
+
+/// The version of [`WorkerRow`] this build writes.
+const WORKER_ROW_VERSION: u32 = 1;
+
+impl Store {
+    /// Keeps `worker` as unhealthy for `cause` (replacing what was kept).
+    pub(crate) fn keep_unhealthy(
+        &mut self,
+        worker: &str,
+        cause: serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_string(&WorkerRow {
+            v: WORKER_ROW_VERSION,
+            cause,
+        })?;
+        self.conn.execute(
+            "INSERT INTO unhealthy_workers (name, json) VALUES (?1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET json = excluded.json",
+            params![worker, json],
+        )?;
+        Ok(())
+    }
+
+    pub(crate) fn forget_unhealthy(&mut self, worker: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute("DELETE FROM unhealthy_workers WHERE name = ?1", [worker])?;
+        Ok(())
+    }
+
+    /// The workers kept as unhealthy, with their causes; a row this build
+    /// cannot read is skipped (and named in the log), not fatal.
+    pub(crate) fn unhealthy_workers(&self) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, json FROM unhealthy_workers")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut workers = Vec::new();
+        for row in rows {
+            let (worker, json) = row?;
+            match serde_json::from_str::<WorkerRow>(&json) {
+                Ok(row) if row.v <= WORKER_ROW_VERSION => workers.push((worker, row.cause)),
+                Ok(row) => {
+                    tracing::warn!(%worker, version = row.v, "a kept worker health of a newer build: skipped")
+                }
+                Err(error) => {
+                    tracing::warn!(%worker, %error, "a kept worker health does not parse: skipped")
+                }
+            }
+        }
+        Ok(workers)
     }
 }
 

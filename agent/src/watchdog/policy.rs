@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{
     task::{TaskState, TaskView},
-    worker::{Transition, WorkerState, WorkerView, bytes},
+    worker::{Cause, Transition, WorkerState, WorkerView, bytes},
 };
 use crate::model::{
     event::{EventBody, EventKind},
@@ -382,6 +382,27 @@ impl Watchdog {
             .find(|w| in_cgroup(&w.spec.source))
             .map(|w| w.spec.name.clone());
         (None, worker, Vec::new())
+    }
+
+    /// Why `worker` is unhealthy now (`None`: it is not, or is unknown).
+    pub(crate) fn unhealthy_cause(&self, worker: &str) -> Option<Cause> {
+        let state = self.workers.get(worker)?;
+        (state.health() == Health::Unhealthy)
+            .then(|| state.cause().cloned())
+            .flatten()
+    }
+
+    /// Makes `worker` unhealthy as the last run left it (see
+    /// [`WorkerState::restore_unhealthy`]); false when no such worker is
+    /// configured any more.
+    pub(crate) fn restore_unhealthy(&mut self, worker: &str, cause: Cause) -> bool {
+        match self.workers.get_mut(worker) {
+            Some(state) => {
+                state.restore_unhealthy(cause);
+                true
+            }
+            None => false,
+        }
     }
 
     /// An operator clears a worker.

@@ -9,8 +9,10 @@ use crate::model::{
     spec::{Settings, WorkerSpec},
 };
 
-/// Why a worker is unhealthy.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why a worker is unhealthy (kept across restarts: its serde form is
+/// part of the state directory's contract).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum Cause {
     /// At a task start, memory not owned by running tasks was over the cap
     /// (leaked or leftover processes).
@@ -266,6 +268,19 @@ impl WorkerState {
             }
         }
         None
+    }
+
+    /// Unhealthy again after an agent restart, as the last run left it, with
+    /// no new transition: no second `worker_unhealthy`, and the recovery
+    /// clock starts from here. Its memory counts as over the cap already
+    /// (no second `soft_cap_exceeded`).
+    pub(crate) fn restore_unhealthy(&mut self, cause: Cause) {
+        self.health = Health::Unhealthy;
+        self.note = None;
+        self.below_since = None;
+        self.over_since = None;
+        self.over_cap = true;
+        self.cause = Some(cause);
     }
 
     /// An operator cleared the worker (`POST /v1/workers/{name}/reset`).

@@ -27,7 +27,7 @@ use crate::{
     watchdog::{
         policy::{Admission, Registration, Sample, Watchdog, WatchdogError},
         task::TaskView,
-        worker::WorkerView,
+        worker::{Cause, WorkerView},
     },
 };
 
@@ -199,7 +199,7 @@ impl Monitor {
             (_, Some(cgroup), Some(cap)) => self.kernel.push(&task_id, &cgroup, cap),
             _ => {}
         }
-        self.store(events, now);
+        self.decided(&watchdog, events, now);
         self.publish_gauges(&watchdog);
         Ok(registration)
     }
@@ -233,7 +233,7 @@ impl Monitor {
         let (view, events) = watchdog.finish(task_id, outcome, now)?;
         self.kernel.remove(task_id);
         self.recorder.outbox().remove_task(task_id);
-        self.store(events, now);
+        self.decided(&watchdog, events, now);
         self.publish_gauges(&watchdog);
         Ok(view)
     }
@@ -242,7 +242,7 @@ impl Monitor {
         let mut watchdog = self.lock();
         let events = watchdog.reset(worker)?;
         info!(%worker, "operator reset");
-        self.store(events, Instant::now());
+        self.decided(&watchdog, events, Instant::now());
         self.publish_gauges(&watchdog);
         Ok(())
     }
@@ -255,7 +255,7 @@ impl Monitor {
         let mut watchdog = self.lock();
         let now = Instant::now();
         let events = watchdog.observe(&sample, now);
-        self.store(events, now);
+        self.decided(&watchdog, events, now);
         self.publish_gauges(&watchdog);
     }
 
@@ -285,6 +285,21 @@ impl Monitor {
         let mut watchdog = self.lock();
         let now = Instant::now();
         let mut restored = 0;
+        for (worker, cause) in outbox.unhealthy_workers() {
+            match serde_json::from_value::<Cause>(cause) {
+                Ok(cause) if watchdog.restore_unhealthy(&worker, cause.clone()) => {
+                    info!(%worker, reason = %cause.reason(), "worker still unhealthy from the last run");
+                }
+                Ok(_) => {
+                    info!(%worker, "a worker kept as unhealthy is no longer configured: forgotten");
+                    outbox.forget_unhealthy(&worker);
+                }
+                Err(error) => {
+                    warn!(%worker, %error, "a kept worker health does not parse: forgotten");
+                    outbox.forget_unhealthy(&worker);
+                }
+            }
+        }
         for req in outbox.saved_tasks() {
             let alive = match &req.source {
                 Some(MemorySource::Cgroup(path)) => path.is_dir(),
@@ -309,6 +324,31 @@ impl Monitor {
         }
         self.publish_gauges(&watchdog);
         restored
+    }
+
+    /// Records what the watchdog decided, and keeps the health of every
+    /// worker it turned unhealthy or healthy, so that a restart neither
+    /// forgets an unhealthy worker (its recovery would never be said) nor
+    /// says it is unhealthy twice.
+    fn decided(&self, watchdog: &Watchdog, events: Vec<EventBody>, now: Instant) {
+        let outbox = self.recorder.outbox();
+        for body in &events {
+            let Some(worker) = body.worker.as_deref() else {
+                continue;
+            };
+            match body.kind {
+                EventKind::WorkerUnhealthy => {
+                    if let Some(cause) = watchdog.unhealthy_cause(worker)
+                        && let Ok(json) = serde_json::to_value(&cause)
+                    {
+                        outbox.keep_unhealthy(worker, json);
+                    }
+                }
+                EventKind::WorkerRecovered => outbox.forget_unhealthy(worker),
+                _ => {}
+            }
+        }
+        self.store(events, now);
     }
 
     /// Records events the watchdog decided at `decided`, stamped with that

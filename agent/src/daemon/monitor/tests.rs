@@ -197,6 +197,69 @@ mod restart {
         assert_eq!(answer.admission, Admission::Accepted);
         assert_eq!(m.workers()[0].status, Health::Healthy);
     }
+
+    fn count(m: &Monitor, kind: EventKind) -> usize {
+        m.recorder
+            .outbox()
+            .read(0, 1000)
+            .iter()
+            .filter(|e| e.body.kind == kind)
+            .count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unhealthy_worker_stays_unhealthy_across_a_restart_and_recovers_once() {
+        let state = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let reader = Arc::new(FakeReader::default());
+        // 150 MiB and no running task: residual over the 100 MiB cap.
+        reader.set(MemorySource::Cgroup(root.path().into()), 150 * MIB);
+        let m = start(state.path(), root.path(), reader.clone());
+        let task = |id: &str| TaskRequest {
+            task_id: id.into(),
+            worker: None,
+            source: None,
+            soft_cap: None,
+        };
+        m.register(task("first")).unwrap();
+        assert_eq!(m.workers()[0].status, Health::Unhealthy);
+        assert_eq!(count(&m, EventKind::WorkerUnhealthy), 1);
+        drop(m);
+
+        // Restarted: still unhealthy, and not said a second time, however
+        // long the memory stays over the cap.
+        let m = start(state.path(), root.path(), reader.clone());
+        assert_eq!(m.workers()[0].status, Health::Unhealthy);
+        assert!(
+            m.workers()[0]
+                .reasons
+                .iter()
+                .any(|r| r.contains("residual")),
+            "{:?}",
+            m.workers()[0].reasons
+        );
+        for _ in 0..3 {
+            m.tick();
+            tokio::time::advance(Duration::from_secs(61)).await;
+        }
+        m.tick();
+        assert_eq!(count(&m, EventKind::WorkerUnhealthy), 1);
+        assert_eq!(count(&m, EventKind::SoftCapExceeded), 0);
+
+        // The memory goes: recovered after recover_after, said once.
+        reader.set(MemorySource::Cgroup(root.path().into()), 10 * MIB);
+        m.tick();
+        tokio::time::advance(Duration::from_secs(31)).await;
+        m.tick();
+        assert_eq!(m.workers()[0].status, Health::Healthy);
+        assert_eq!(count(&m, EventKind::WorkerRecovered), 1);
+        drop(m);
+
+        // Restarted again: healthy, nothing kept.
+        let m = start(state.path(), root.path(), reader);
+        assert_eq!(m.workers()[0].status, Health::Healthy);
+        assert_eq!(count(&m, EventKind::WorkerRecovered), 1);
+    }
 }
 
 mod rejections {
