@@ -256,3 +256,87 @@ async fn dask_oom_killed_worker_is_reported_with_its_address_and_the_job_complet
         "OOM kill of {a1} reported as worker w1; the job completed {completed:?} after submission; w1 back (restarted by its nanny) {back:?} later"
     );
 }
+
+/// Two hosts (two agents, one worker each) against one Dask cluster whose
+/// two workers leak past their caps in the same moment: exactly one is
+/// retired, the cluster keeps computing, and the other agent says why its
+/// worker stays (`guard_blocked`, or `action_refused` when both asked in
+/// the same moment and Dask kept the last worker).
+#[tokio::test]
+async fn dask_two_hosts_never_retire_every_worker() {
+    const TEST: &str = "dask_two_hosts_never_retire_every_worker";
+    let Some(python) = setup(TEST) else { return };
+    let _serial = SERIAL.lock().await;
+    let cluster = DaskCluster::start(python, &["w1", "w2"], &[None, None]).await;
+    let cap = cap_above_rest(&cluster);
+    let agents = [
+        Agent::start_with_config(&config_of(&cluster, &[0], Some(cap))).await,
+        Agent::start_with_config(&config_of(&cluster, &[1], Some(cap))).await,
+    ];
+    let leak = LEAK_MIB.to_string();
+    let _leaks = [
+        cluster.client_background(&["leak", &cluster.workers[0].address, &leak]),
+        cluster.client_background(&["leak", &cluster.workers[1].address, &leak]),
+    ];
+    let held = |e: &Event| {
+        matches!(
+            e.body.kind,
+            EventKind::GuardBlocked | EventKind::ActionRefused
+        )
+    };
+    let started = Instant::now();
+    let mut said = None;
+    while said.is_none() && started.elapsed() < Duration::from_secs(90) {
+        for (i, agent) in agents.iter().enumerate() {
+            if let Some(e) = agent.events(0).await.into_iter().find(|e| held(e)) {
+                said = Some((i, e, started.elapsed()));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let Some((said_by, event, said_after)) = said else {
+        panic!(
+            "no agent reported why its worker stays; listed now: {:?}\nagent 1:\n{}\nagent 2:\n{}",
+            cluster.listed().await,
+            agents[0].log_text(),
+            agents[1].log_text()
+        );
+    };
+    // When both asked in the same moment Dask kept both (each refused):
+    // heartbeats retry every 2 s, each after its own random pause, until
+    // one is retired. Then the guard holds the other: one worker stays, and runs.
+    let one_left = wait_until_async(
+        "one of the two workers retired",
+        Duration::from_secs(60),
+        async || cluster.listed().await.len() == 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let listed = cluster.listed().await;
+    assert_eq!(listed.len(), 1, "exactly one retired: {listed:?}");
+    let kept = &listed[0].0;
+    let kept_by = cluster
+        .workers
+        .iter()
+        .position(|w| &w.name == kept)
+        .expect("a test worker");
+    let why = agents[kept_by]
+        .events(0)
+        .await
+        .into_iter()
+        .find(|e| held(e));
+    assert!(
+        why.is_some(),
+        "the agent of the kept worker {kept} says why it stays\n{}",
+        agents[kept_by].log_text()
+    );
+    let answer = cluster.client(&["compute"]);
+    assert_eq!(answer["total"], SQUARES, "{answer}");
+    println!(
+        "two hosts, both workers leaking: {kept} kept; first said {said_after:?} by agent {}: {} {}; one left {:?} after that",
+        said_by + 1,
+        event.body.kind.as_str(),
+        event.body.reason.unwrap_or_default(),
+        one_left
+    );
+}

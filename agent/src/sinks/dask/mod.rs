@@ -88,6 +88,8 @@ pub(crate) struct DaskSink {
     /// memwatch workers whose `guard_blocked` (or refusal) was already
     /// reported in this episode.
     blocked: BTreeSet<String>,
+    /// How long a retirement's answer is waited for (RETIRE_ANSWER_WAIT).
+    retire_wait: Duration,
 }
 
 impl DaskSink {
@@ -108,6 +110,7 @@ impl DaskSink {
             pending: BTreeSet::new(),
             done: BTreeSet::new(),
             blocked: BTreeSet::new(),
+            retire_wait: RETIRE_ANSWER_WAIT,
         })
     }
 
@@ -150,8 +153,8 @@ impl DaskSink {
     }
 
     /// Every worker the scheduler lists, with its status
-    /// (`/json/identity.json`), mapped to memwatch workers.
-    async fn dask_workers(&self) -> Result<Vec<Mapped>, SendError> {
+    /// (`/json/identity.json`): the raw answer, without mapping.
+    async fn identity(&self) -> Result<Vec<names::DaskWorker>, SendError> {
         let url = api_url(&self.config, "json/identity.json");
         let response = self.client.get(url).send().await.map_err(classify)?;
         let status = response.status();
@@ -164,13 +167,35 @@ impl DaskSink {
         let answer: Identity = response.json().await.map_err(|e| {
             SendError::new(FailureClass::Other, format!("identity.json answer: {e}"))
         })?;
+        Ok(answer.workers())
+    }
+
+    /// Every worker the scheduler lists, with its status, mapped to
+    /// memwatch workers.
+    async fn dask_workers(&self) -> Result<Vec<Mapped>, SendError> {
+        let workers = self.identity().await?;
         let specs = Arc::clone(&self.specs);
-        let workers = answer.workers();
         let mapped = tokio::task::spawn_blocking(move || names::map_workers(&specs, &workers))
             .await
             .map_err(|e| SendError::new(FailureClass::Other, format!("worker map: {e}")))?;
         self.names.update(&mapped);
         Ok(mapped)
+    }
+
+    /// Brings the statuses of `mapped` up to the scheduler's present view
+    /// (a worker no longer listed is gone); cheap: no mapping.
+    async fn refresh_statuses(&self, mapped: &mut Vec<Mapped>) -> Result<(), SendError> {
+        let now: std::collections::BTreeMap<String, Option<String>> = self
+            .identity()
+            .await?
+            .into_iter()
+            .map(|w| (w.address, w.status))
+            .collect();
+        mapped.retain(|m| now.contains_key(&m.address));
+        for m in mapped.iter_mut() {
+            m.status = now.get(&m.address).cloned().flatten();
+        }
+        Ok(())
     }
 
     /// Retires the Dask workers of every pending memwatch worker the
@@ -191,21 +216,34 @@ impl DaskSink {
                 self.report(EventKind::ActionSkipped, &worker, &[], &why);
                 continue;
             }
-            let mine: Vec<&Mapped> = mapped
-                .iter()
-                .filter(|m| m.worker.as_deref() == Some(worker.as_str()) && !m.leaving())
-                .collect();
-            if mine.is_empty() {
+            let (addresses, running) = retirable(&mapped, &worker);
+            if addresses.is_empty() {
                 debug!(sink = %self.config.name, %worker, "no Dask worker of this worker is in the cluster");
                 continue;
             }
-            let addresses: Vec<String> = mine.iter().map(|m| m.address.clone()).collect();
-            let running = mine.iter().filter(|m| m.running()).count();
-            if let Err(blocked) = self
+            let guard = self
                 .config
                 .guard
-                .check(&capacity(&mapped), mine.len(), running)
-            {
+                .check(&capacity(&mapped), addresses.len(), running);
+            // Passed: read the statuses once more right before acting (the
+            // mapping above reads /proc and may take a while, and another
+            // host may have retired a worker meanwhile).
+            let (addresses, guard) = match guard {
+                Ok(()) => {
+                    self.refresh_statuses(&mut mapped).await?;
+                    let (addresses, running) = retirable(&mapped, &worker);
+                    if addresses.is_empty() {
+                        continue;
+                    }
+                    let guard =
+                        self.config
+                            .guard
+                            .check(&capacity(&mapped), addresses.len(), running);
+                    (addresses, guard)
+                }
+                blocked => (addresses, blocked),
+            };
+            if let Err(blocked) = guard {
                 if self.blocked.insert(worker.clone()) {
                     warn!(sink = %self.config.name, %worker, dask = ?addresses, %blocked, "retirement refused by the cluster guard");
                     self.report(EventKind::GuardBlocked, &worker, &addresses, &format!(
@@ -215,14 +253,34 @@ impl DaskSink {
                 }
                 continue;
             }
-            let retired = self.retire(&addresses).await?;
+            let retired = match tokio::time::timeout(self.retire_wait, self.retire(&addresses))
+                .await
+            {
+                Ok(answer) => answer?,
+                // `retire_workers` answers once the data has moved, which
+                // may take long, or never when two hosts retired each
+                // other's only recipient: the scheduler's status says
+                // whether the retirement is under way.
+                Err(_) => {
+                    self.refresh_statuses(&mut mapped).await?;
+                    let under_way: BTreeSet<String> = mapped
+                        .iter()
+                        .filter(|m| addresses.contains(&m.address) && m.leaving())
+                        .map(|m| m.address.clone())
+                        .collect();
+                    info!(sink = %self.config.name, %worker, dask = ?addresses, leaving = ?under_way, wait = ?self.retire_wait, "no answer from retire_workers yet: judged from the workers' statuses");
+                    under_way
+                }
+            };
             if retired.is_empty() {
                 if self.blocked.insert(worker.clone()) {
                     warn!(sink = %self.config.name, %worker, dask = ?addresses, "the scheduler retired none of the workers asked");
                     self.report(EventKind::ActionRefused, &worker, &addresses, &format!(
-                        "Dask retired none of {}: its retire_workers answer listed none (it keeps a \
-                         worker whose data has nowhere to go); retried when the cluster changes",
-                        addresses.join(", ")
+                        "Dask retired none of {}: its retire_workers answer listed none, or none was \
+                         leaving after {:.1}s (it keeps a worker whose data has nowhere to go); retried \
+                         when the cluster changes",
+                        addresses.join(", "),
+                        self.retire_wait.as_secs_f64()
                     ));
                 }
                 continue;
@@ -306,13 +364,27 @@ impl Sink for DaskSink {
 }
 
 /// The longest pause before a retirement round reads the scheduler's view.
-const RETIRE_JITTER: Duration = Duration::from_millis(500);
+const RETIRE_JITTER: Duration = Duration::from_millis(1000);
+/// How long a retirement's answer is waited for before the scheduler's
+/// statuses decide whether it is under way.
+const RETIRE_ANSWER_WAIT: Duration = Duration::from_secs(15);
 
 /// A pause of up to `max`, different on every host and call.
 fn jitter(max: Duration) -> Duration {
     let random = uuid::Uuid::now_v7().as_u128() as u64;
     let nanos = max.as_nanos().max(1) as u64;
     Duration::from_nanos(random % nanos)
+}
+
+/// The Dask workers of memwatch worker `worker` that a retirement would
+/// take away (those not leaving already), and how many of them run.
+fn retirable(mapped: &[Mapped], worker: &str) -> (Vec<String>, usize) {
+    let mine: Vec<&Mapped> = mapped
+        .iter()
+        .filter(|m| m.worker.as_deref() == Some(worker) && !m.leaving())
+        .collect();
+    let running = mine.iter().filter(|m| m.running()).count();
+    (mine.iter().map(|m| m.address.clone()).collect(), running)
 }
 
 /// The scheduler's view, as the cluster guard counts it.

@@ -33,6 +33,9 @@ struct FakeScheduler {
     status: Arc<Mutex<std::collections::HashMap<String, String>>>,
     retired: Arc<Mutex<Vec<Vec<String>>>>,
     refuse: Arc<std::sync::atomic::AtomicBool>,
+    /// Never answers `retire_workers`; with `Some(status)` the workers
+    /// asked take that status first (`closing_gracefully`: under way).
+    hang: Arc<Mutex<Option<Option<&'static str>>>>,
 }
 
 impl FakeScheduler {
@@ -60,6 +63,16 @@ async fn identity(State(f): State<FakeScheduler>) -> Json<Value> {
 async fn retire_workers(State(f): State<FakeScheduler>, Json(body): Json<Value>) -> Json<Value> {
     let asked: Vec<String> = serde_json::from_value(body["workers"].clone()).unwrap();
     f.retired.lock().unwrap().push(asked.clone());
+    let hang = *f.hang.lock().unwrap();
+    if let Some(status) = hang {
+        for a in status
+            .iter()
+            .flat_map(|s| asked.iter().map(move |a| (a, *s)))
+        {
+            f.set_status(a.0, a.1);
+        }
+        std::future::pending::<()>().await;
+    }
     if f.refuse.load(std::sync::atomic::Ordering::SeqCst) {
         return Json(json!({}));
     }
@@ -392,4 +405,49 @@ async fn a_stale_unhealthy_event_retires_nothing() {
     let skipped = of_kind(&outbox, EventKind::ActionSkipped);
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert!(sink.pending.is_empty());
+}
+
+/// `retire_workers` that never answers (two hosts retiring each other's
+/// only recipient): the scheduler's statuses decide, after a bounded wait.
+#[tokio::test]
+async fn a_retirement_without_an_answer_is_judged_from_the_statuses() {
+    for (status, retired) in [(Some("closing_gracefully"), true), (None, false)] {
+        let fake = two_workers();
+        fake.workers
+            .lock()
+            .unwrap()
+            .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+        *fake.hang.lock().unwrap() = Some(status);
+        let url = serve(fake.clone()).await;
+        let outbox = outbox();
+        let mut sink = sink(&url, &outbox);
+        sink.retire_wait = Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        sink.send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(fake.retired.lock().unwrap().len(), 1);
+        let refused = of_kind(&outbox, EventKind::ActionRefused);
+        if retired {
+            assert!(refused.is_empty(), "{refused:?}");
+            assert!(sink.done.contains("w1") && sink.pending.is_empty());
+        } else {
+            assert_eq!(refused.len(), 1, "{status:?}");
+            assert!(
+                refused[0]
+                    .body
+                    .reason
+                    .as_deref()
+                    .unwrap()
+                    .contains("none was leaving after 0.3s"),
+                "{refused:?}"
+            );
+            assert!(sink.pending.contains("w1"), "tried again later");
+        }
+    }
 }
