@@ -68,6 +68,7 @@ mod basics {
             worker: None,
             source: Some(MemorySource::Cgroup(task_cg)),
             soft_cap: None,
+            owner: crate::model::spec::ANONYMOUS.into(),
         })
         .unwrap();
         assert_eq!(
@@ -173,6 +174,7 @@ mod restart {
                 worker: None,
                 source: Some(MemorySource::Cgroup(dir.clone())),
                 soft_cap: None,
+                owner: crate::model::spec::ANONYMOUS.into(),
             })
             .unwrap();
         }
@@ -192,6 +194,7 @@ mod restart {
                 worker: None,
                 source: None,
                 soft_cap: None,
+                owner: crate::model::spec::ANONYMOUS.into(),
             })
             .unwrap();
         assert_eq!(answer.admission, Admission::Accepted);
@@ -239,6 +242,7 @@ mod rejections {
             worker: None,
             source: None,
             soft_cap: None,
+            owner: crate::model::spec::ANONYMOUS.into(),
         };
         let rejected = |outbox: &Outbox| {
             outbox
