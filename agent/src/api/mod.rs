@@ -117,4 +117,4 @@ async fn not_found() -> ApiError {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

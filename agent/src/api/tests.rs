@@ -18,7 +18,7 @@ fn state() -> AppState {
     state_with(FakeReader::default(), None)
 }
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 /// One worker `w1` (cgroup /cg/w1, soft cap 200 MiB) read from `reader`.
 fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
@@ -26,7 +26,7 @@ fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
 }
 
 /// [`state_with`] with the tokens of every scope.
-fn state_with_tokens(reader: FakeReader, tokens: auth::Tokens) -> AppState {
+pub(crate) fn state_with_tokens(reader: FakeReader, tokens: auth::Tokens) -> AppState {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
     let outbox = Outbox::new("test-host", 100, metrics.clone());
@@ -229,7 +229,7 @@ async fn send(
 
 const JSON: &str = "application/json";
 
-fn reader(worker: u64) -> FakeReader {
+pub(crate) fn reader(worker: u64) -> FakeReader {
     let r = FakeReader::default();
     r.set(MemorySource::Cgroup("/cg/w1".into()), worker);
     r

@@ -265,9 +265,85 @@ fn urlencode(segment: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use prometheus::IntCounter;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::api::{
+        auth::Tokens,
+        serve::{Limits, serve},
+        socket,
+        tests::{MIB, reader, state_with_tokens},
+    };
+
     #[test]
     fn task_ids_are_encoded_as_one_segment() {
         assert_eq!(super::urlencode("slurm/job 7"), "slurm%2Fjob%207");
         assert_eq!(super::urlencode("t-1_a.b~"), "t-1_a.b~");
+    }
+
+    fn args(agent: Option<&str>, socket: Option<&Path>) -> AgentArgs {
+        AgentArgs {
+            agent: agent.map(str::to_string),
+            socket: socket.map(Path::to_path_buf),
+            token_file: None,
+        }
+    }
+
+    #[test]
+    fn an_agent_url_given_means_http_even_with_a_socket() {
+        let client =
+            AgentClient::new(&args(Some("http://10.0.0.1:9750/"), Some(Path::new("/s")))).unwrap();
+        assert!(
+            matches!(&client.transport, Transport::Http { base, .. } if base == "http://10.0.0.1:9750")
+        );
+        let client = AgentClient::new(&args(None, Some(Path::new("/s")))).unwrap();
+        assert!(matches!(&client.transport, Transport::Unix { path } if path == Path::new("/s")));
+    }
+
+    /// The typed client over a real socket and the real accept loop: no
+    /// token, while the agent has one; the task is the caller's uid's.
+    #[tokio::test]
+    async fn over_the_socket_the_client_needs_no_token_and_its_tasks_are_its_uids() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let (listener, _file) = socket::bind(&path).unwrap();
+        let state = state_with_tokens(reader(50 * MIB), Tokens::new(Some("s3cret"), None, None));
+        let (stop, stopped) = watch::channel(false);
+        let server = tokio::spawn(serve(
+            listener,
+            crate::api::router(state),
+            Limits::default(),
+            IntCounter::new("refused", "refused").unwrap(),
+            stopped,
+        ));
+        let mut client = AgentClient::new(&args(None, Some(&path))).unwrap();
+        client.token = None;
+
+        let answer = client
+            .register(&serde_json::json!({ "task_id": "c1" }))
+            .await
+            .unwrap();
+        assert!(matches!(answer, Registered::Accepted(_)));
+        // SAFETY: getuid(2) cannot fail and touches no memory.
+        let me = format!("uid:{}", unsafe { libc::getuid() });
+        let status = client.status().await.unwrap();
+        assert_eq!(status.tasks.len(), 1);
+        assert_eq!(status.tasks[0].owner, me);
+        client.finish("c1", Some(0), false).await.unwrap();
+        let status = client.status().await.unwrap();
+        assert!(status.tasks.is_empty());
+        assert_eq!(status.finished_tasks[0].owner, me);
+        assert_eq!(
+            client.events(0, 10).await.unwrap().len(),
+            2,
+            "started, finished"
+        );
+
+        stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }

@@ -363,7 +363,11 @@ fn the_socket_is_on_by_default_and_an_empty_path_turns_it_off() {
     );
     let f = file("socket = \"relative.sock\"\n");
     let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
-    assert!(err.to_string().contains("`socket` must be an absolute path"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("`socket` must be an absolute path"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -389,7 +393,10 @@ fn an_empty_or_missing_token_file_is_an_error_naming_its_key() {
     assert!(err.to_string().contains("`task_token_file` "), "{err}");
     let f = file("api_token = \"\"\n");
     let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
-    assert!(err.to_string().contains("`api_token` must not be empty"), "{err}");
+    assert!(
+        err.to_string().contains("`api_token` must not be empty"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -266,7 +266,8 @@ mod restart {
             m.finish_by("new", ended.clone(), Some("anonymous")),
             Err(WatchdogError::NotOwner { .. })
         ));
-        m.finish_by("old", ended.clone(), Some("anonymous")).unwrap();
+        m.finish_by("old", ended.clone(), Some("anonymous"))
+            .unwrap();
         m.finish_by("new", ended, None).unwrap();
         assert!(m.tasks().is_empty());
     }
