@@ -20,6 +20,10 @@ pub struct Agent {
     process: support::Agent,
     pub base_url: String,
     client: reqwest::Client,
+    /// Sent as a bearer token on [`Agent::get`] and [`Agent::post`] when
+    /// set (an agent with tokens reads `/v1/status` and `/v1/events` only
+    /// with one).
+    token: Option<String>,
     /// A state directory made here for this agent (dropped after it).
     _state: Option<tempfile::TempDir>,
 }
@@ -98,14 +102,31 @@ impl Agent {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .expect("http client"),
+            token: None,
             _state: None,
+        }
+    }
+
+    /// The token [`Agent::get`] and [`Agent::post`] send from now on.
+    pub fn set_token(&mut self, token: &str) {
+        self.token = Some(token.to_string());
+    }
+
+    /// The agent's local API socket (in its state directory).
+    pub fn socket(&self) -> &Path {
+        &self.process.socket
+    }
+
+    fn with_token(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
         }
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
         let r = self
-            .client
-            .get(format!("{}{path}", self.base_url))
+            .with_token(self.client.get(format!("{}{path}", self.base_url)))
             .send()
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
@@ -117,7 +138,7 @@ impl Agent {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> (u16, serde_json::Value) {
-        let mut req = self.client.post(format!("{}{path}", self.base_url));
+        let mut req = self.with_token(self.client.post(format!("{}{path}", self.base_url)));
         if let Some(body) = body {
             req = req.json(&body);
         }

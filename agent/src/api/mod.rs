@@ -1,9 +1,11 @@
 //! The local HTTP API (the contract: docs/design.md).
 
-mod auth;
+pub(crate) mod auth;
 mod events;
 pub(crate) mod health;
 mod metrics;
+pub(crate) mod serve;
+pub(crate) mod socket;
 mod status;
 pub(crate) mod tasks;
 
@@ -19,8 +21,12 @@ use axum::{
 };
 use prometheus::Registry;
 
+use self::auth::{Guard, Scope, Tokens};
 use crate::{
-    daemon::{monitor::Monitor, status::StatusFn},
+    daemon::{
+        monitor::Monitor,
+        status::{SocketStatus, StatusFn},
+    },
     outbox::Outbox,
     telemetry::liveness::Liveness,
     watchdog::self_health::ProbeState,
@@ -33,8 +39,10 @@ pub(crate) struct AppState {
     pub registry: Registry,
     pub probe: Arc<Mutex<ProbeState>>,
     pub monitor: Arc<Monitor>,
-    /// Required on mutating routes when set.
-    pub api_token: Option<Arc<str>>,
+    /// The tokens of the scopes (none: open on loopback, as before scopes).
+    pub tokens: Tokens,
+    /// Whether the local socket is served (shown on `/v1/status`).
+    pub socket: Option<SocketStatus>,
     /// The full state for `/v1/status`.
     pub status: StatusFn,
     /// Whether the agent's loops make progress (`/live`).
@@ -47,24 +55,34 @@ impl AppState {
     }
 }
 
+/// Every route, with the scope it needs (auth.rs); `/health`, `/ready`,
+/// `/live` and `/metrics` are open to all.
 pub(crate) fn router(state: AppState) -> Router {
-    let mutating = Router::new()
+    let guarded = |needs: Scope, routes: Router<AppState>| {
+        routes.route_layer(middleware::from_fn_with_state(
+            Guard {
+                tokens: state.tokens.clone(),
+                needs,
+            },
+            auth::guard,
+        ))
+    };
+    let admin = Router::new().route("/v1/workers/{name}/reset", post(tasks::reset));
+    let task = Router::new()
         .route("/v1/tasks", post(tasks::create))
-        .route("/v1/tasks/{task_id}", delete(tasks::delete))
-        .route("/v1/workers/{name}/reset", post(tasks::reset))
-        .layer(DefaultBodyLimit::max(tasks::MAX_BODY_BYTES))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ));
-    Router::new()
-        .merge(mutating)
-        .route("/health", get(health::health))
+        .route("/v1/tasks/{task_id}", delete(tasks::delete));
+    let read = Router::new()
         .route("/v1/status", get(status::status))
+        .route("/v1/events", get(events::list));
+    Router::new()
+        .merge(guarded(Scope::Admin, admin))
+        .merge(guarded(Scope::Task, task))
+        .merge(guarded(Scope::Read, read))
+        .layer(DefaultBodyLimit::max(tasks::MAX_BODY_BYTES))
+        .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/live", get(health::live))
         .route("/metrics", get(metrics::metrics))
-        .route("/v1/events", get(events::list))
         .fallback(not_found)
         .with_state(state)
 }
@@ -99,4 +117,4 @@ async fn not_found() -> ApiError {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -6,5 +6,7 @@ use super::AppState;
 use crate::daemon::status::AgentStatus;
 
 pub(super) async fn status(State(state): State<AppState>) -> Json<AgentStatus> {
-    Json((state.status)())
+    let mut status = (state.status)();
+    status.socket = state.socket.clone();
+    Json(status)
 }

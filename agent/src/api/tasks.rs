@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 
 use axum::{
-    Json,
+    Extension, Json,
     extract::{Path, Query, State, rejection::JsonRejection, rejection::QueryRejection},
     http::StatusCode,
 };
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, auth::Caller};
 use crate::{
     model::spec::{MemorySource, TaskOutcome, TaskRequest},
     watchdog::{
@@ -44,12 +44,14 @@ pub(crate) struct TaskAnswer {
     pub reason: Option<String>,
 }
 
+/// The caller becomes the task's owner: only it (or an admin) may end it.
 pub(crate) async fn create(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     body: Result<Json<NewTask>, JsonRejection>,
 ) -> Result<(StatusCode, Json<TaskAnswer>), ApiError> {
     let Json(task) = body.map_err(json_error)?;
-    let request = validate(task, &state.monitor.cgroup_root())?;
+    let request = validate(task, &state.monitor.cgroup_root(), caller.principal)?;
     let task_id = request.task_id.clone();
     let registration = state.monitor.register(request).map_err(watchdog_error)?;
     let (code, verdict, reason) = match registration.admission {
@@ -78,8 +80,10 @@ pub(crate) struct EndQuery {
     oom_killed: bool,
 }
 
+/// Only the task's owner or an admin may end it (403 for anyone else).
 pub(crate) async fn delete(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(task_id): Path<String>,
     query: Result<Query<EndQuery>, QueryRejection>,
 ) -> Result<Json<TaskView>, ApiError> {
@@ -91,9 +95,10 @@ pub(crate) async fn delete(
             exit_code: query.exit_code,
         }
     };
+    let principal = (!caller.any_owner).then_some(caller.principal.as_str());
     state
         .monitor
-        .finish(&task_id, outcome)
+        .finish_by(&task_id, outcome, principal)
         .map(Json)
         .map_err(watchdog_error)
 }
@@ -113,7 +118,11 @@ pub(crate) async fn reset(
 
 /// Checks everything before the watchdog sees the request, so a bad one
 /// changes nothing.
-fn validate(task: NewTask, cgroup_root: &std::path::Path) -> Result<TaskRequest, ApiError> {
+fn validate(
+    task: NewTask,
+    cgroup_root: &std::path::Path,
+    owner: String,
+) -> Result<TaskRequest, ApiError> {
     let bad = |message: String| ApiError::new(StatusCode::BAD_REQUEST, message);
     check_name("task_id", &task.task_id).map_err(bad)?;
     if let Some(worker) = &task.worker {
@@ -143,6 +152,7 @@ fn validate(task: NewTask, cgroup_root: &std::path::Path) -> Result<TaskRequest,
         worker: task.worker,
         source,
         soft_cap: task.soft_cap_bytes,
+        owner,
     })
 }
 
@@ -173,6 +183,7 @@ fn watchdog_error(error: WatchdogError) -> ApiError {
             StatusCode::BAD_REQUEST
         }
         WatchdogError::TooManyTasks { .. } => StatusCode::TOO_MANY_REQUESTS,
+        WatchdogError::NotOwner { .. } => StatusCode::FORBIDDEN,
     };
     ApiError::new(status, error.to_string())
 }

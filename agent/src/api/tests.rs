@@ -18,10 +18,15 @@ fn state() -> AppState {
     state_with(FakeReader::default(), None)
 }
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 /// One worker `w1` (cgroup /cg/w1, soft cap 200 MiB) read from `reader`.
 fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
+    state_with_tokens(reader, auth::Tokens::new(token, None, None))
+}
+
+/// [`state_with`] with the tokens of every scope.
+pub(crate) fn state_with_tokens(reader: FakeReader, tokens: auth::Tokens) -> AppState {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
     let outbox = Outbox::new("test-host", 100, metrics.clone());
@@ -59,7 +64,8 @@ fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
         registry,
         probe,
         monitor,
-        api_token: token.map(Arc::from),
+        tokens,
+        socket: None,
     }
 }
 
@@ -223,7 +229,7 @@ async fn send(
 
 const JSON: &str = "application/json";
 
-fn reader(worker: u64) -> FakeReader {
+pub(crate) fn reader(worker: u64) -> FakeReader {
     let r = FakeReader::default();
     r.set(MemorySource::Cgroup("/cg/w1".into()), worker);
     r
@@ -424,12 +430,14 @@ async fn mutating_routes_need_the_token_when_one_is_set() {
             .0,
         StatusCode::CREATED
     );
-    // Reads stay open.
-    assert_eq!(get(&state, "/v1/status").await.0, StatusCode::OK);
+    // Reads need a token too now (any scope); the probes stay open.
+    assert_eq!(get(&state, "/v1/status").await.0, StatusCode::UNAUTHORIZED);
     assert_eq!(get(&state, "/health").await.0, StatusCode::OK);
 }
 
 mod properties;
+mod scopes;
+mod serve;
 
 #[tokio::test]
 async fn an_events_page_is_bounded_in_bytes_too() {

@@ -46,15 +46,22 @@ pub enum Command {
     Events(EventsArgs),
 }
 
-/// Where the agent is, and the token for its mutating routes.
+/// Where the agent is, and the token for its routes.
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// Base URL of the agent's API.
-    #[arg(long, env = "MEMWATCH_AGENT", default_value = "http://127.0.0.1:9750")]
-    pub agent: String,
-    /// File holding the token for the agent's mutating routes (its
-    /// `api_token`); else the environment's `MEMWATCH_TOKEN`. Never a
-    /// command-line argument: argv is readable by every user of the host.
+    /// Base URL of the agent's API. Given (or MEMWATCH_AGENT set), the
+    /// client speaks HTTP to it; else it uses the agent's socket when that
+    /// exists, and http://127.0.0.1:9750 when not.
+    #[arg(long, env = "MEMWATCH_AGENT", value_name = "URL")]
+    pub agent: Option<String>,
+    /// The agent's local socket [default: /run/memwatch/api.sock]: no token
+    /// needed there, the agent knows the caller's uid.
+    #[arg(long, env = "MEMWATCH_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// File holding a token of the agent's (`api_token_file`,
+    /// `task_token_file` or `read_token_file`); else the environment's
+    /// `MEMWATCH_TOKEN`. Never a command-line argument: argv is readable by
+    /// every user of the host.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 }
@@ -110,13 +117,27 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address of the HTTP API [default: 127.0.0.1:9750]. Beyond loopback
-    /// only with a token (`--api-token-file`).
+    /// only with a token (`--api-token-file`, `--task-token-file` or
+    /// `--read-token-file`).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// File holding the token the API's mutating routes require (replaces
-    /// `api_token` / `api_token_file` of the config file).
+    /// File holding the `admin` token: every route (replaces `api_token` /
+    /// `api_token_file` of the config file).
     #[arg(long, value_name = "FILE", env = "MEMWATCH_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
+    /// File holding the `task` token: register tasks, end its own, read
+    /// (replaces `task_token_file` of the config file).
+    #[arg(long, value_name = "FILE", env = "MEMWATCH_TASK_TOKEN_FILE")]
+    pub task_token_file: Option<PathBuf>,
+    /// File holding the `read` token: `/v1/status` and `/v1/events`
+    /// (replaces `read_token_file` of the config file).
+    #[arg(long, value_name = "FILE", env = "MEMWATCH_READ_TOKEN_FILE")]
+    pub read_token_file: Option<PathBuf>,
+    /// The local API socket [default: /run/memwatch/api.sock]; local
+    /// callers need no token there (root is admin, any other uid may
+    /// register tasks and end its own).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// Name of this host on every event [default: the hostname].
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
@@ -145,6 +166,9 @@ impl RunArgs {
         Overrides {
             listen: self.listen,
             api_token_file: self.api_token_file.clone(),
+            task_token_file: self.task_token_file.clone(),
+            read_token_file: self.read_token_file.clone(),
+            socket: self.socket.clone(),
             node_name: self.node_name.clone(),
             state_dir: self.state_dir.clone(),
             webhooks: self.webhooks.clone(),

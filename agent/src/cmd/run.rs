@@ -1,16 +1,19 @@
-//! `memwatch run`: the daemon and the HTTP API beside it, until SIGTERM or
-//! SIGINT.
-
-use std::sync::Arc;
+//! `memwatch run`: the daemon and the HTTP API beside it (on the listen
+//! address and the local socket), until SIGTERM or SIGINT.
 
 use anyhow::Context as _;
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch, task::JoinSet};
 use tracing::{info, warn};
 
 use crate::{
-    api::{self, AppState},
+    api::{
+        self, AppState,
+        auth::Tokens,
+        serve::{Limits, Listener, serve},
+        socket,
+    },
     config::Config,
-    daemon::{Daemon, SHUTDOWN_GRACE},
+    daemon::{Daemon, SHUTDOWN_GRACE, status::SocketStatus},
 };
 
 pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
@@ -23,32 +26,85 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen} (--listen / `listen`)"))?;
     info!(%listen, "API listening");
+    let (unix, socket_status) = match daemon.config().socket.clone() {
+        None => (None, None),
+        Some(path) => match socket::bind(&path) {
+            Ok(bound) => {
+                info!(socket = %path.display(), "API listening on the local socket");
+                let status = SocketStatus {
+                    path: path.display().to_string(),
+                    listening: true,
+                    error: None,
+                };
+                (Some(bound), Some(status))
+            }
+            Err(error) => {
+                warn!(%error, "no local API socket (--socket / `socket`): TCP only");
+                let status = SocketStatus {
+                    path: path.display().to_string(),
+                    listening: false,
+                    error: Some(error.to_string()),
+                };
+                (None, Some(status))
+            }
+        },
+    };
+    let config = daemon.config();
     let app = AppState {
         outbox: daemon.outbox().clone(),
         registry: daemon.registry().clone(),
         probe: daemon.probe_state().clone(),
         monitor: daemon.monitor().clone(),
-        api_token: daemon.config().api_token.as_deref().map(Arc::from),
+        tokens: Tokens::new(
+            config.api_token.as_deref(),
+            config.task_token.as_deref(),
+            config.read_token.as_deref(),
+        ),
+        socket: socket_status,
         status: daemon.status().clone(),
         liveness: daemon.liveness().clone(),
     };
-    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, api::router(app))
-            .with_graceful_shutdown(async {
-                let _ = server_stopped.await;
-            })
-            .into_future(),
-    );
+    let router = api::router(app);
+    let (stop_server, server_stopped) = watch::channel(false);
+    let mut servers = JoinSet::new();
+    let refused = &daemon.metrics().api_connections_refused;
+    servers.spawn(serve(
+        listener,
+        router.clone(),
+        Limits::default(),
+        refused.with_label_values(&[TcpListener::KIND]),
+        server_stopped.clone(),
+    ));
+    let socket_file = match unix {
+        Some((listener, file)) => {
+            servers.spawn(serve(
+                listener,
+                router,
+                Limits::default(),
+                refused.with_label_values(&[tokio::net::UnixListener::KIND]),
+                server_stopped,
+            ));
+            Some(file)
+        }
+        None => None,
+    };
     let ran = daemon.run(signal).await;
     daemon.shutdown().await;
-    let _ = stop_server.send(());
-    match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
-        Ok(result) => result.context("API server task")?.context("API server")?,
+    let _ = stop_server.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while let Some(ended) = servers.join_next().await {
+            ended.context("API server task")?;
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    match drained {
+        Ok(result) => result?,
         Err(_) => {
             warn!(grace = ?SHUTDOWN_GRACE, "API connections still open at the end of the grace period")
         }
     }
+    drop(socket_file);
     ran?;
     info!("stopped");
     Ok(())

@@ -69,15 +69,16 @@ fn render(health: &HealthBody, workers: &[WorkerView], tasks: &[TaskView]) -> St
     if !tasks.is_empty() {
         let _ = writeln!(
             out,
-            "\n{:<24} {:<16} {:>12} {:>12} {:>8}",
-            "TASK", "WORKER", "MEMORY", "SOFT CAP", "RUNNING"
+            "\n{:<24} {:<16} {:<14} {:>12} {:>12} {:>8}",
+            "TASK", "WORKER", "OWNER", "MEMORY", "SOFT CAP", "RUNNING"
         );
         for t in tasks {
             let _ = writeln!(
                 out,
-                "{:<24} {:<16} {:>12} {:>12} {:>7}s{}",
+                "{:<24} {:<16} {:<14} {:>12} {:>12} {:>7}s{}",
                 t.task_id,
                 t.worker,
+                t.owner,
                 size(t.memory_bytes),
                 size(t.soft_cap_bytes),
                 t.running_secs,
@@ -121,6 +122,44 @@ mod tests {
         assert!(text.contains("  - worker w1: residual memory"), "{text}");
         assert!(
             text.contains("w1               unhealthy     300.0 MiB    300.0 MiB    200.0 MiB"),
+            "{text}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod task_tests {
+    use super::*;
+
+    #[test]
+    fn each_running_task_names_its_owner() {
+        let health = HealthBody {
+            status: Health::Healthy,
+            reasons: Vec::new(),
+            workers: Vec::new(),
+            source: None,
+            attach: None,
+        };
+        let task = TaskView {
+            task_id: "exec-1".into(),
+            worker: "w1".into(),
+            source: None,
+            memory_bytes: Some(10 << 20),
+            soft_cap_bytes: None,
+            running_secs: 3,
+            growing: false,
+            flagged: None,
+            outcome: None,
+            owner: "uid:1000".into(),
+            kernel_usage_bytes: None,
+        };
+        let text = render(&health, &[], &[task]);
+        assert!(
+            text.contains("TASK                     WORKER           OWNER"),
+            "{text}"
+        );
+        assert!(
+            text.contains("exec-1                   w1               uid:1000"),
             "{text}"
         );
     }

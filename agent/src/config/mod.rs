@@ -33,6 +33,8 @@ pub(crate) const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Default API address: loopback only, so nothing is exposed by accident.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
+/// Default local API socket: callers known by their uid, no token needed.
+pub(crate) const DEFAULT_SOCKET: &str = "/run/memwatch/api.sock";
 
 /// The agent's settings after every source is merged.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,8 +72,14 @@ pub struct Config {
     /// Turn on the kernel's BPF run-time statistics (program run counts and
     /// times as metrics; ~20 ns per program run).
     pub bpf_stats: bool,
-    /// Bearer token required on mutating routes, when set.
+    /// The `admin` scope's bearer token (every route), when set.
     pub api_token: Option<String>,
+    /// The `task` scope's bearer token (register tasks, end its own, read).
+    pub task_token: Option<String>,
+    /// The `read` scope's bearer token (`/v1/status`, `/v1/events`).
+    pub read_token: Option<String>,
+    /// The local API socket (`None`: none, TCP only).
+    pub socket: Option<PathBuf>,
     /// Watchdog knobs shared by every worker.
     pub watchdog: Settings,
     /// Configured workers; none means the whole host is one worker.
@@ -116,6 +124,9 @@ impl Default for Config {
             source: SourceChoice::Auto,
             bpf_stats: false,
             api_token: None,
+            task_token: None,
+            read_token: None,
+            socket: Some(PathBuf::from(DEFAULT_SOCKET)),
             watchdog: Settings::default(),
             workers: Vec::new(),
             rules: Vec::new(),
@@ -143,6 +154,10 @@ pub(crate) struct FileConfig {
     pub bpf_stats: Option<bool>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
+    pub task_token_file: Option<PathBuf>,
+    pub read_token_file: Option<PathBuf>,
+    /// `""` turns the socket off.
+    pub socket: Option<PathBuf>,
     pub on_residual_over_cap: Option<OnResidualOverCap>,
     pub growth_window: Option<Span>,
     pub growth_min: Option<Size>,
@@ -183,6 +198,12 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     /// `--api-token-file`: wins over the file's `api_token` and `api_token_file`.
     pub api_token_file: Option<PathBuf>,
+    /// `--task-token-file`: wins over the file's `task_token_file`.
+    pub task_token_file: Option<PathBuf>,
+    /// `--read-token-file`: wins over the file's `read_token_file`.
+    pub read_token_file: Option<PathBuf>,
+    /// `--socket`.
+    pub socket: Option<PathBuf>,
     pub node_name: Option<String>,
     pub state_dir: Option<PathBuf>,
     /// `--webhook URL`, repeatable: when given, these replace `[[webhook]]`.
@@ -233,6 +254,15 @@ impl Config {
         if let Some(path) = &overrides.api_token_file {
             config.api_token = api_token_from(None, Some(path.clone()))?;
         }
+        if let Some(path) = &overrides.task_token_file {
+            config.task_token = Some(token_file("task_token_file", path)?);
+        }
+        if let Some(path) = &overrides.read_token_file {
+            config.read_token = Some(token_file("read_token_file", path)?);
+        }
+        if let Some(path) = &overrides.socket {
+            config.socket = Some(path.clone());
+        }
         config.probe_floor = overrides.probe_floor;
         config.probe_oom_by_pid = overrides.probe_oom_by_pid;
         if let Some(source) = overrides.source {
@@ -273,6 +303,9 @@ impl Config {
             bpf_stats,
             api_token,
             api_token_file,
+            task_token_file,
+            read_token_file,
+            socket,
             on_residual_over_cap,
             growth_window,
             growth_min,
@@ -306,6 +339,15 @@ impl Config {
         set(&mut self.watchdog.growth_window, growth_window.map(|s| s.0));
         set(&mut self.watchdog.growth_min_bytes, growth_min.map(|s| s.0));
         self.api_token = api_token_from(api_token, api_token_file)?;
+        if let Some(path) = task_token_file {
+            self.task_token = Some(token_file("task_token_file", &path)?);
+        }
+        if let Some(path) = read_token_file {
+            self.read_token = Some(token_file("read_token_file", &path)?);
+        }
+        if let Some(path) = socket {
+            self.socket = (!path.as_os_str().is_empty()).then_some(path);
+        }
         self.workers = worker
             .into_iter()
             .enumerate()
@@ -349,20 +391,53 @@ impl Config {
         if self.sample_interval < Duration::from_millis(10) {
             return Err(invalid("sample_interval", "must be at least 10ms"));
         }
-        if self.api_token.as_deref().is_some_and(|t| t.is_empty()) {
-            return Err(invalid("api_token", "must not be empty"));
+        self.validate_tokens()?;
+        if let Some(socket) = &self.socket
+            && !socket.is_absolute()
+        {
+            return Err(invalid(
+                "socket",
+                format!("must be an absolute path, got {}", socket.display()),
+            ));
         }
-        if !self.listen.ip().is_loopback() && self.api_token.is_none() {
+        self.validate_workers()
+    }
+
+    /// No token is empty, each scope has its own, and an API beyond
+    /// loopback has one at least.
+    fn validate_tokens(&self) -> Result<(), ConfigError> {
+        let tokens = [
+            ("api_token", &self.api_token),
+            ("task_token_file", &self.task_token),
+            ("read_token_file", &self.read_token),
+        ];
+        for (i, (key, token)) in tokens.iter().enumerate() {
+            let Some(token) = token else { continue };
+            if token.is_empty() {
+                return Err(invalid(*key, "must not be empty"));
+            }
+            if let Some((other, _)) = tokens[..i]
+                .iter()
+                .find(|(_, t)| t.as_deref() == Some(token.as_str()))
+            {
+                return Err(invalid(
+                    *key,
+                    format!("holds the same token as `{other}`: give each scope its own"),
+                ));
+            }
+        }
+        if !self.listen.ip().is_loopback() && tokens.iter().all(|(_, t)| t.is_none()) {
             return Err(invalid(
                 "listen",
                 format!(
                     "is {}, beyond loopback, and no token is set: anyone who reaches it could \
-                     steer failover. Set `api_token_file` (or `--api-token-file`), or listen on 127.0.0.1",
+                     steer failover. Set `api_token_file` (or `--api-token-file`; a \
+                     `task_token_file` or `read_token_file` will do too), or listen on 127.0.0.1",
                     self.listen
                 ),
             ));
         }
-        self.validate_workers()
+        Ok(())
     }
 
     /// Worker names are unique; rules, `[kubernetes]` and Slurm's `nodes`
@@ -453,6 +528,18 @@ impl From<InvalidKey> for ConfigError {
     }
 }
 
+/// The token in `path` (surrounding whitespace trimmed): the file named by
+/// `key`; an error naming `key` when it cannot be read or is empty.
+fn token_file(key: &str, path: &Path) -> Result<String, ConfigError> {
+    let text = fs::read_to_string(path)
+        .map_err(|e| invalid(key, format!("cannot be read ({}): {e}", path.display())))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(invalid(key, format!("{} is empty", path.display())));
+    }
+    Ok(token.to_string())
+}
+
 /// `api_token` or the first line of `api_token_file`; not both.
 fn api_token_from(
     token: Option<String>,
@@ -464,14 +551,7 @@ fn api_token_from(
             "and `api_token_file` are both set; keep one",
         )),
         (Some(token), None) => Ok(Some(token)),
-        (None, Some(path)) => fs::read_to_string(&path)
-            .map(|text| Some(text.trim().to_string()))
-            .map_err(|e| {
-                invalid(
-                    "api_token_file",
-                    format!("cannot be read ({}): {e}", path.display()),
-                )
-            }),
+        (None, Some(path)) => token_file("api_token_file", &path).map(Some),
         (None, None) => Ok(None),
     }
 }

@@ -305,3 +305,123 @@ fn listening_beyond_loopback_needs_a_token() {
     let c = Config::load(Some(f.path()), &flags).unwrap();
     assert_eq!(c.api_token.as_deref(), Some("from-the-file"));
 }
+
+/// A directory with one file per `(name, text)`.
+fn token_files(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn each_scope_has_its_token_file_and_the_flags_win() {
+    let dir = token_files(&[
+        ("admin", "a-token\n"),
+        ("task", "  t-token\n"),
+        ("read", "r-token"),
+        ("task2", "t-flag\n"),
+        ("read2", "r-flag\n"),
+    ]);
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let f = file(&format!(
+        "api_token_file = \"{}\"\ntask_token_file = \"{}\"\nread_token_file = \"{}\"\n\
+         socket = \"/tmp/memwatch-test/api.sock\"\n",
+        path("admin"),
+        path("task"),
+        path("read")
+    ));
+    let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    assert_eq!(c.api_token.as_deref(), Some("a-token"));
+    assert_eq!(c.task_token.as_deref(), Some("t-token"));
+    assert_eq!(c.read_token.as_deref(), Some("r-token"));
+    assert_eq!(c.socket, Some(PathBuf::from("/tmp/memwatch-test/api.sock")));
+
+    let flags = Overrides {
+        task_token_file: Some(dir.path().join("task2")),
+        read_token_file: Some(dir.path().join("read2")),
+        socket: Some("/tmp/other.sock".into()),
+        ..Overrides::default()
+    };
+    let c = Config::load(Some(f.path()), &flags).unwrap();
+    assert_eq!(c.task_token.as_deref(), Some("t-flag"));
+    assert_eq!(c.read_token.as_deref(), Some("r-flag"));
+    assert_eq!(c.socket, Some(PathBuf::from("/tmp/other.sock")));
+}
+
+#[test]
+fn the_socket_is_on_by_default_and_an_empty_path_turns_it_off() {
+    let c = Config::load(None, &Overrides::default()).unwrap();
+    assert_eq!(c.socket, Some(PathBuf::from(DEFAULT_SOCKET)));
+    let f = file("socket = \"\"\n");
+    assert_eq!(
+        Config::load(Some(f.path()), &Overrides::default())
+            .unwrap()
+            .socket,
+        None
+    );
+    let f = file("socket = \"relative.sock\"\n");
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`socket` must be an absolute path"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_or_missing_token_file_is_an_error_naming_its_key() {
+    let dir = token_files(&[("empty", " \n")]);
+    let empty = dir.path().join("empty");
+    let missing = dir.path().join("missing");
+    for key in ["api_token_file", "task_token_file", "read_token_file"] {
+        for (path, problem) in [(&empty, "is empty"), (&missing, "cannot be read")] {
+            let f = file(&format!("{key} = \"{}\"\n", path.display()));
+            let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(&format!("`{key}` ")), "{key}: {text}");
+            assert!(text.contains(problem), "{key}: {text}");
+        }
+    }
+    // The same from the flags.
+    let flags = Overrides {
+        task_token_file: Some(empty.clone()),
+        ..Overrides::default()
+    };
+    let err = Config::load(None, &flags).unwrap_err();
+    assert!(err.to_string().contains("`task_token_file` "), "{err}");
+    let f = file("api_token = \"\"\n");
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("`api_token` must not be empty"),
+        "{err}"
+    );
+}
+
+#[test]
+fn one_token_for_two_scopes_is_refused() {
+    let dir = token_files(&[("same", "s3cret\n")]);
+    let f = file(&format!(
+        "api_token = \"s3cret\"\nread_token_file = \"{}\"\n",
+        dir.path().join("same").display()
+    ));
+    let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`read_token_file` holds the same token as `api_token`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn any_scope_s_token_allows_listening_beyond_loopback() {
+    let dir = token_files(&[("t", "t0ken\n")]);
+    for key in ["task_token_file", "read_token_file"] {
+        let f = file(&format!(
+            "listen = \"0.0.0.0:9750\"\n{key} = \"{}\"\n",
+            dir.path().join("t").display()
+        ));
+        Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    }
+}

@@ -66,6 +66,7 @@ mod tests {
             tasks: Vec::new(),
             finished_tasks: Vec::new(),
             outbox: OutboxStatus::default(),
+            socket: None,
         });
         let (stop, stopped) = watch::channel(false);
         let recorder = Recorder::new(outbox.clone(), metrics);

@@ -182,6 +182,10 @@ impl Daemon {
         &self.registry
     }
 
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     pub(crate) fn outbox(&self) -> &Outbox {
         self.recorder.outbox()
     }

@@ -252,6 +252,7 @@ mod tests {
                 worker: None,
                 source: Some(MemorySource::Cgroup(cg.clone())),
                 soft_cap: None,
+                owner: crate::model::spec::ANONYMOUS.into(),
             })
             .unwrap();
         let id = fs::metadata(&cg).unwrap().ino();

@@ -42,6 +42,18 @@ pub(crate) struct AgentStatus {
     pub tasks: Vec<TaskView>,
     pub finished_tasks: Vec<TaskView>,
     pub outbox: OutboxStatus,
+    /// The API's local socket, on `/v1/status` (heartbeats leave it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<SocketStatus>,
+}
+
+/// Whether the API serves its local socket: the path, or why not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SocketStatus {
+    pub path: String,
+    pub listening: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Produces the status. Cheap enough to call on each request.
@@ -69,6 +81,7 @@ pub(crate) fn agent_status(
             tasks: monitor.tasks(),
             finished_tasks: monitor.finished_tasks(),
             outbox: outbox_status,
+            socket: None,
         }
     })
 }

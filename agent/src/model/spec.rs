@@ -131,6 +131,23 @@ pub(crate) struct TaskRequest {
     /// `None`: known only by id (its memory counts as the worker's).
     pub source: Option<MemorySource>,
     pub soft_cap: Option<u64>,
+    /// Who registered it (`token:task`, `uid:1000`, `anonymous`, `agent`):
+    /// only that principal or an admin may end it. Kept tasks written by a
+    /// build without owners read back as `anonymous`: exactly the callers
+    /// that could end them then (anyone on loopback when no token was
+    /// set; else the token holder, who is admin now).
+    #[serde(default = "anonymous_owner")]
+    pub owner: String,
+}
+
+/// The principal of a caller that gave no credentials, on an agent with no
+/// token (and of tasks kept before owners were).
+pub(crate) const ANONYMOUS: &str = "anonymous";
+/// The owner of the tasks the agent finds itself (cgroup rules, pods).
+pub(crate) const AGENT_OWNER: &str = "agent";
+
+fn anonymous_owner() -> String {
+    ANONYMOUS.into()
 }
 
 /// How a task ended.

@@ -44,6 +44,7 @@ pub(crate) const SINK_RETRIES_TOTAL: &str = "memwatch_sink_retries_total";
 pub(crate) const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
 pub(crate) const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
 pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_total";
+pub(crate) const API_CONNECTIONS_REFUSED_TOTAL: &str = "memwatch_api_connections_refused_total";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
 pub(crate) fn init_logging(default_level: &str) {
@@ -110,6 +111,9 @@ pub struct Metrics {
     /// What scheduler sinks did (`retire`, `drain`, `resume`, `requeue`,
     /// `guard_blocked`), by sink name.
     pub scheduler_actions: IntCounterVec,
+    /// API connections closed at once because the listener had as many
+    /// open as it may, by listener (`tcp`, `unix`).
+    pub api_connections_refused: IntCounterVec,
 }
 
 impl Metrics {
@@ -141,6 +145,7 @@ impl Metrics {
             Box::new(self.sink_failures.clone()),
             Box::new(self.sink_backlog.clone()),
             Box::new(self.scheduler_actions.clone()),
+            Box::new(self.api_connections_refused.clone()),
         ]
     }
 
@@ -287,6 +292,11 @@ impl Metrics {
                     "Actions scheduler sinks took (or were refused by the guard).",
                 ),
                 &["sink", "action"],
+            )?,
+            api_connections_refused: counter(
+                API_CONNECTIONS_REFUSED_TOTAL,
+                "API connections closed at once: the listener had as many open as it may.",
+                &["listener"],
             )?,
         };
         for collector in metrics.collectors() {

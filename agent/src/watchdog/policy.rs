@@ -61,6 +61,8 @@ pub(crate) enum WatchdogError {
     UnknownTask(String),
     #[error("worker `{worker}` already runs {limit} tasks, the most it may; end some first")]
     TooManyTasks { worker: String, limit: usize },
+    #[error("task `{task_id}` was registered by `{owner}`; only it or an admin may end it")]
+    NotOwner { task_id: String, owner: String },
 }
 
 pub(crate) struct Watchdog {
@@ -194,6 +196,7 @@ impl Watchdog {
             soft_cap,
             now,
         );
+        task.owner = req.owner;
         if let Admission::Flagged { reason } = &admission {
             task.flagged = Some(reason.clone());
             body.reason = Some(format!("flagged: {reason}"));
@@ -229,7 +232,8 @@ impl Watchdog {
     /// event (it started before); its memory is read at the next sample.
     pub(crate) fn restore(&mut self, req: TaskRequest, now: Instant) -> Result<(), WatchdogError> {
         let worker = self.resolve_worker(req.worker.as_deref())?;
-        let task = TaskState::new(req.task_id.clone(), worker, req.source, req.soft_cap, now);
+        let mut task = TaskState::new(req.task_id.clone(), worker, req.source, req.soft_cap, now);
+        task.owner = req.owner;
         self.tasks.insert(req.task_id, task);
         Ok(())
     }
@@ -444,6 +448,19 @@ impl Watchdog {
             .values()
             .map(|t| t.view(now, &self.settings, None))
             .collect()
+    }
+
+    /// Who registered the task (running, else recently finished).
+    pub(crate) fn owner_of(&self, task_id: &str) -> Option<&str> {
+        match self.tasks.get(task_id) {
+            Some(task) => Some(&task.owner),
+            None => self
+                .finished
+                .iter()
+                .rev()
+                .find(|t| t.task_id == task_id)
+                .map(|t| t.owner.as_str()),
+        }
     }
 
     pub(crate) fn finished_tasks(&self) -> impl Iterator<Item = &TaskView> {

@@ -16,6 +16,8 @@ pub(crate) struct TaskState {
     pub started: Instant,
     /// Set when the task was accepted despite an unhealthy worker.
     pub flagged: Option<String>,
+    /// Who registered it (see [`crate::model::spec::TaskRequest::owner`]).
+    pub owner: String,
     /// (time, bytes), oldest first, no older than the growth window.
     samples: VecDeque<(Instant, u64)>,
     /// Above the soft cap since the last crossing (re-armed when clearly below).
@@ -39,6 +41,9 @@ pub(crate) struct TaskView {
     pub flagged: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<TaskOutcome>,
+    /// Who registered it: only it or an admin may end it.
+    #[serde(default)]
+    pub owner: String,
     /// The kernel's own usage of the task's cgroup at its last reported line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_usage_bytes: Option<u64>,
@@ -68,6 +73,7 @@ impl TaskState {
             soft_cap,
             started: now,
             flagged: None,
+            owner: crate::model::spec::ANONYMOUS.into(),
             samples: VecDeque::new(),
             over_cap: false,
         }
@@ -141,6 +147,7 @@ impl TaskState {
             growing: self.growing(settings),
             flagged: self.flagged.clone(),
             outcome,
+            owner: self.owner.clone(),
             kernel_usage_bytes: None,
         }
     }

@@ -64,6 +64,10 @@ pub struct Options {
 pub struct Agent {
     child: Option<Child>,
     pub port: u16,
+    /// The API's local socket: `<state dir>/api.sock` unless the
+    /// arguments name one (never the host's /run/memwatch/api.sock, which
+    /// agents of parallel tests would share).
+    pub socket: PathBuf,
     log: Option<PathBuf>,
     /// The state directory made for this agent, when the caller gave none.
     own_state: Option<PathBuf>,
@@ -81,6 +85,7 @@ impl Agent {
         let mut agent = Agent {
             child: None,
             port,
+            socket: PathBuf::new(),
             log: None,
             own_state: None,
             on_drop: options.on_drop,
@@ -94,6 +99,14 @@ impl Agent {
                 agent.own_state = Some(dir.clone());
                 dir
             }
+        };
+        agent.socket = match options.args.iter().position(|a| a == "--socket") {
+            Some(i) => options
+                .args
+                .get(i + 1)
+                .map(PathBuf::from)
+                .unwrap_or_default(),
+            None => state_dir.join("api.sock"),
         };
         let stderr = if options.log {
             let path = std::env::temp_dir().join(format!("memwatch-agent-{tag}.log"));
@@ -121,6 +134,12 @@ impl Agent {
             )
             .arg("--state-dir")
             .arg(&state_dir)
+            .args(
+                (!options.args.iter().any(|a| a == "--socket"))
+                    .then(|| ["--socket".as_ref(), agent.socket.as_os_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&options.args)
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -20,7 +20,7 @@ use crate::{
     model::{
         event::{EventBody, EventKind},
         health::Health,
-        spec::{MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
+        spec::{AGENT_OWNER, MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
     },
     probe::{CgroupChange, GrowthLine, KernelWatch},
     record::Recorder,
@@ -228,7 +228,28 @@ impl Monitor {
         task_id: &str,
         outcome: TaskOutcome,
     ) -> Result<TaskView, WatchdogError> {
+        self.finish_by(task_id, outcome, None)
+    }
+
+    /// Ends a task for a caller that may end only its own (`Some(principal)`),
+    /// or any (`None`: an admin, the agent itself). The owner is checked
+    /// under the same lock as the task ends: no other task of that id can
+    /// come between.
+    pub(crate) fn finish_by(
+        &self,
+        task_id: &str,
+        outcome: TaskOutcome,
+        principal: Option<&str>,
+    ) -> Result<TaskView, WatchdogError> {
         let mut watchdog = self.lock();
+        if let (Some(principal), Some(owner)) = (principal, watchdog.owner_of(task_id))
+            && owner != principal
+        {
+            return Err(WatchdogError::NotOwner {
+                task_id: task_id.into(),
+                owner: owner.into(),
+            });
+        }
         let now = Instant::now();
         let (view, events) = watchdog.finish(task_id, outcome, now)?;
         self.kernel.remove(task_id);
@@ -448,6 +469,7 @@ impl Monitor {
                 worker: Some(rule.worker.clone()),
                 source: Some(MemorySource::Cgroup(path)),
                 soft_cap: rule.soft_cap,
+                owner: AGENT_OWNER.into(),
             };
             // Found again by the next scan after a restart: not kept.
             if let Err(error) = self.register_as(req, false) {

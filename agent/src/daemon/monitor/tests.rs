@@ -68,6 +68,7 @@ mod basics {
             worker: None,
             source: Some(MemorySource::Cgroup(task_cg)),
             soft_cap: None,
+            owner: crate::model::spec::ANONYMOUS.into(),
         })
         .unwrap();
         assert_eq!(
@@ -96,6 +97,7 @@ mod basics {
         assert_eq!(tasks.len(), 1, "{tasks:?}");
         assert_eq!(tasks[0].task_id, "job_1");
         assert_eq!(tasks[0].soft_cap_bytes, Some(32 * MIB));
+        assert_eq!(tasks[0].owner, "agent", "only an admin ends a rule's task");
         m.tick();
         assert_eq!(kinds(&outbox), [EventKind::TaskStarted], "seen once");
 
@@ -173,6 +175,7 @@ mod restart {
                 worker: None,
                 source: Some(MemorySource::Cgroup(dir.clone())),
                 soft_cap: None,
+                owner: crate::model::spec::ANONYMOUS.into(),
             })
             .unwrap();
         }
@@ -192,6 +195,7 @@ mod restart {
                 worker: None,
                 source: None,
                 soft_cap: None,
+                owner: crate::model::spec::ANONYMOUS.into(),
             })
             .unwrap();
         assert_eq!(answer.admission, Admission::Accepted);
@@ -220,6 +224,7 @@ mod restart {
             worker: None,
             source: None,
             soft_cap: None,
+            owner: crate::model::spec::ANONYMOUS.into(),
         };
         m.register(task("first")).unwrap();
         assert_eq!(m.workers()[0].status, Health::Unhealthy);
@@ -259,6 +264,76 @@ mod restart {
         let m = start(state.path(), root.path(), reader);
         assert_eq!(m.workers()[0].status, Health::Healthy);
         assert_eq!(count(&m, EventKind::WorkerRecovered), 1);
+    }
+
+    /// Owners are kept across a restart, and a task kept by the build
+    /// before owners (its row has none) still comes back: owned by
+    /// `anonymous`, so exactly those who could end it then may end it now.
+    #[tokio::test]
+    async fn kept_tasks_of_an_older_build_come_back_and_owners_survive_a_restart() {
+        let state = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let (old, new) = (root.path().join("old"), root.path().join("new"));
+        fs::create_dir(&old).unwrap();
+        fs::create_dir(&new).unwrap();
+        let reader = Arc::new(FakeReader::default());
+        let m = start(state.path(), root.path(), reader.clone());
+        m.register(TaskRequest {
+            task_id: "new".into(),
+            worker: None,
+            source: Some(MemorySource::Cgroup(new.clone())),
+            soft_cap: None,
+            owner: "uid:1000".into(),
+        })
+        .unwrap();
+        drop(m);
+
+        // The row as the build before owners wrote it: no `owner`.
+        let mut legacy = serde_json::to_value(TaskRequest {
+            task_id: "old".into(),
+            worker: None,
+            source: Some(MemorySource::Cgroup(old.clone())),
+            soft_cap: Some(MIB),
+            owner: String::new(),
+        })
+        .unwrap();
+        legacy.as_object_mut().unwrap().remove("owner");
+        let row = serde_json::json!({ "v": 1, "task": legacy }).to_string();
+        let db = rusqlite::Connection::open(state.path().join("outbox.sqlite")).unwrap();
+        db.execute(
+            "INSERT INTO tasks (task_id, json) VALUES ('old', ?1)",
+            [row],
+        )
+        .unwrap();
+        drop(db);
+
+        let m = start(state.path(), root.path(), reader);
+        let mut owners: Vec<(String, String)> = m
+            .tasks()
+            .into_iter()
+            .map(|t| (t.task_id, t.owner))
+            .collect();
+        owners.sort();
+        assert_eq!(
+            owners,
+            [
+                ("new".to_string(), "uid:1000".to_string()),
+                ("old".into(), "anonymous".into())
+            ]
+        );
+        let ended = TaskOutcome::Ended { exit_code: None };
+        assert!(matches!(
+            m.finish_by("old", ended.clone(), Some("uid:1000")),
+            Err(WatchdogError::NotOwner { .. })
+        ));
+        assert!(matches!(
+            m.finish_by("new", ended.clone(), Some("anonymous")),
+            Err(WatchdogError::NotOwner { .. })
+        ));
+        m.finish_by("old", ended.clone(), Some("anonymous"))
+            .unwrap();
+        m.finish_by("new", ended, None).unwrap();
+        assert!(m.tasks().is_empty());
     }
 }
 
@@ -302,6 +377,7 @@ mod rejections {
             worker: None,
             source: None,
             soft_cap: None,
+            owner: crate::model::spec::ANONYMOUS.into(),
         };
         let rejected = |outbox: &Outbox| {
             outbox

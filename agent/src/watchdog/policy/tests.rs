@@ -38,6 +38,7 @@ fn request(id: &str) -> TaskRequest {
             format!("/sys/fs/cgroup/memory/w1/{id}").into(),
         )),
         soft_cap: None,
+        owner: crate::model::spec::ANONYMOUS.into(),
     }
 }
 

@@ -1,0 +1,364 @@
+//! Scopes and task ownership, against the router in memory: each caller
+//! (a token of a scope, a socket peer's uid, anonymous) gets what its
+//! scope allows, and ends only its own tasks unless it is admin.
+
+use super::*;
+use crate::api::auth::{Peer, Tokens};
+
+const ADMIN: &str = "admin-s3cret";
+const TASK: &str = "task-s3cret";
+const READ: &str = "read-s3cret";
+
+fn scoped() -> AppState {
+    state_with_tokens(
+        reader(50 * MIB),
+        Tokens::new(Some(ADMIN), Some(TASK), Some(READ)),
+    )
+}
+
+fn open() -> AppState {
+    state_with(reader(50 * MIB), None)
+}
+
+/// Who calls: a bearer token, a socket peer, or nobody.
+#[derive(Clone, Copy)]
+enum Who {
+    Token(&'static str),
+    Uid(u32),
+    Nobody,
+}
+
+async fn call(
+    state: &AppState,
+    who: Who,
+    method: &str,
+    uri: &str,
+) -> (StatusCode, serde_json::Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    match who {
+        Who::Token(token) => req = req.header("authorization", format!("Bearer {token}")),
+        Who::Uid(uid) => {
+            req = req.extension(Peer::Unix {
+                uid,
+                pid: Some(4242),
+            })
+        }
+        Who::Nobody => {}
+    }
+    respond(state, req.body(Body::empty()).unwrap()).await
+}
+
+async fn register(state: &AppState, who: Who, task_id: &str) -> (StatusCode, serde_json::Value) {
+    let mut req = Request::post("/v1/tasks").header("content-type", JSON);
+    match who {
+        Who::Token(token) => req = req.header("authorization", format!("Bearer {token}")),
+        Who::Uid(uid) => req = req.extension(Peer::Unix { uid, pid: None }),
+        Who::Nobody => {}
+    }
+    let body = format!(r#"{{"task_id":"{task_id}"}}"#);
+    respond(state, req.body(Body::from(body)).unwrap()).await
+}
+
+async fn respond(state: &AppState, req: Request<Body>) -> (StatusCode, serde_json::Value) {
+    let response = router(state.clone()).oneshot(req).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, json)
+}
+
+/// The owner `/v1/status` shows for each running task, by id.
+async fn owners(state: &AppState, who: Who) -> Vec<(String, String)> {
+    let (code, status) = call(state, who, "GET", "/v1/status").await;
+    assert_eq!(code, StatusCode::OK, "{status}");
+    let mut owners: Vec<(String, String)> = status["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["task_id"].as_str().unwrap().to_string(),
+                t["owner"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    owners.sort();
+    owners
+}
+
+fn assert_forbidden(answer: &(StatusCode, serde_json::Value), scope: &str) {
+    assert_eq!(answer.0, StatusCode::FORBIDDEN, "{}", answer.1);
+    assert_eq!(answer.1["scope"], scope, "{}", answer.1);
+    let error = answer.1["error"].as_str().unwrap();
+    assert!(error.contains(&format!("`{scope}` scope")), "{error}");
+}
+
+#[tokio::test]
+async fn a_read_token_reads_but_cannot_register_end_or_reset() {
+    let state = scoped();
+    let reader = Who::Token(READ);
+    assert_eq!(
+        call(&state, reader, "GET", "/v1/status").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&state, reader, "GET", "/v1/events").await.0,
+        StatusCode::OK
+    );
+    assert_forbidden(&register(&state, reader, "t1").await, "task");
+    assert!(state.monitor.tasks().is_empty(), "nothing registered");
+    assert_eq!(
+        register(&state, Who::Token(TASK), "t1").await.0,
+        StatusCode::CREATED
+    );
+    assert_forbidden(
+        &call(&state, reader, "DELETE", "/v1/tasks/t1").await,
+        "task",
+    );
+    assert_forbidden(
+        &call(&state, reader, "POST", "/v1/workers/w1/reset").await,
+        "admin",
+    );
+    assert_eq!(state.monitor.tasks().len(), 1, "t1 still runs");
+}
+
+#[tokio::test]
+async fn a_task_token_ends_its_own_tasks_only_and_cannot_reset() {
+    let state = scoped();
+    let task = Who::Token(TASK);
+    let admin = Who::Token(ADMIN);
+    assert_eq!(register(&state, task, "mine").await.0, StatusCode::CREATED);
+    assert_eq!(
+        register(&state, admin, "theirs").await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        register(&state, Who::Uid(1000), "a-users").await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        owners(&state, task).await,
+        [
+            ("a-users".to_string(), "uid:1000".to_string()),
+            ("mine".into(), "token:task".into()),
+            ("theirs".into(), "token:admin".into()),
+        ]
+    );
+
+    for other in ["theirs", "a-users"] {
+        let (code, json) = call(&state, task, "DELETE", &format!("/v1/tasks/{other}")).await;
+        assert_eq!(code, StatusCode::FORBIDDEN, "{json}");
+        assert!(
+            json["error"].as_str().unwrap().contains("registered by"),
+            "{json}"
+        );
+    }
+    assert_eq!(state.monitor.tasks().len(), 3, "a refused end ends nothing");
+    assert_forbidden(
+        &call(&state, task, "POST", "/v1/workers/w1/reset").await,
+        "admin",
+    );
+
+    let (code, json) = call(&state, task, "DELETE", "/v1/tasks/mine?exit_code=0").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["owner"], "token:task");
+    // Ended already: the same answer again, to its owner only.
+    assert_eq!(
+        call(&state, task, "DELETE", "/v1/tasks/mine").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&state, Who::Uid(1000), "DELETE", "/v1/tasks/mine")
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    let finished = state.outbox.read(0, 100);
+    assert_eq!(
+        finished
+            .iter()
+            .filter(|e| e.body.kind == EventKind::TaskFinished)
+            .count(),
+        1,
+        "one task ended"
+    );
+}
+
+#[tokio::test]
+async fn an_admin_token_does_everything() {
+    let state = scoped();
+    let admin = Who::Token(ADMIN);
+    assert_eq!(
+        register(&state, Who::Token(TASK), "t1").await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        register(&state, Who::Uid(1000), "t2").await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(register(&state, admin, "t3").await.0, StatusCode::CREATED);
+    for id in ["t1", "t2", "t3"] {
+        let (code, json) = call(&state, admin, "DELETE", &format!("/v1/tasks/{id}")).await;
+        assert_eq!(code, StatusCode::OK, "{id}: {json}");
+    }
+    assert_eq!(
+        call(&state, admin, "POST", "/v1/workers/w1/reset").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&state, admin, "GET", "/v1/events").await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn with_tokens_the_probes_and_metrics_stay_open_and_the_rest_needs_one() {
+    let state = scoped();
+    for uri in ["/health", "/ready", "/live", "/metrics"] {
+        let (code, _) = call(&state, Who::Nobody, "GET", uri).await;
+        assert!(
+            code != StatusCode::UNAUTHORIZED && code != StatusCode::FORBIDDEN,
+            "{uri}: {code}"
+        );
+    }
+    for who in [Who::Nobody, Who::Token("wrong")] {
+        for (method, uri) in [
+            ("GET", "/v1/status"),
+            ("GET", "/v1/events"),
+            ("DELETE", "/v1/tasks/t1"),
+            ("POST", "/v1/workers/w1/reset"),
+        ] {
+            let response = router(state.clone())
+                .oneshot({
+                    let req = Request::builder().method(method).uri(uri);
+                    let req = match who {
+                        Who::Token(t) => req.header("authorization", format!("Bearer {t}")),
+                        _ => req,
+                    };
+                    req.body(Body::empty()).unwrap()
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                response.status(),
+                StatusCode::UNAUTHORIZED,
+                "{method} {uri}"
+            );
+            assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        }
+        assert_eq!(
+            register(&state, who, "t1").await.0,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert!(state.monitor.tasks().is_empty());
+}
+
+#[tokio::test]
+async fn with_no_token_everything_is_open_on_loopback_but_tasks_keep_their_owner() {
+    let state = open();
+    let (code, json) = register(&state, Who::Nobody, "anon").await;
+    assert_eq!(code, StatusCode::CREATED, "{json}");
+    assert_eq!(
+        register(&state, Who::Uid(1000), "users").await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        owners(&state, Who::Nobody).await,
+        [
+            ("anon".to_string(), "anonymous".to_string()),
+            ("users".into(), "uid:1000".into()),
+        ]
+    );
+    assert_eq!(
+        call(&state, Who::Nobody, "GET", "/v1/events").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&state, Who::Nobody, "POST", "/v1/workers/w1/reset")
+            .await
+            .0,
+        StatusCode::OK,
+        "reset stays open without tokens, as before"
+    );
+    // Ownership holds even here: neither ends the other's task.
+    assert_eq!(
+        call(&state, Who::Nobody, "DELETE", "/v1/tasks/users")
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(&state, Who::Uid(1000), "DELETE", "/v1/tasks/anon")
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(&state, Who::Uid(1001), "DELETE", "/v1/tasks/users")
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    for (who, id) in [(Who::Nobody, "anon"), (Who::Uid(1000), "users")] {
+        let (code, json) = call(&state, who, "DELETE", &format!("/v1/tasks/{id}")).await;
+        assert_eq!(code, StatusCode::OK, "{id}: {json}");
+    }
+    // A token sent to an agent without tokens is ignored, as before.
+    assert_eq!(
+        register(&state, Who::Token("anything"), "t9").await.0,
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
+async fn socket_callers_need_no_token_root_is_admin_others_have_task() {
+    let state = scoped();
+    let user = Who::Uid(1000);
+    let root = Who::Uid(0);
+    assert_eq!(
+        call(&state, user, "GET", "/v1/status").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(register(&state, user, "u1").await.0, StatusCode::CREATED);
+    assert_eq!(
+        register(&state, Who::Uid(1001), "u2").await.0,
+        StatusCode::CREATED
+    );
+    assert_forbidden(
+        &call(&state, user, "POST", "/v1/workers/w1/reset").await,
+        "admin",
+    );
+    assert_eq!(
+        call(&state, user, "DELETE", "/v1/tasks/u2").await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(&state, user, "DELETE", "/v1/tasks/u1").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&state, root, "DELETE", "/v1/tasks/u2").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&state, root, "POST", "/v1/workers/w1/reset").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(register(&state, root, "r1").await.0, StatusCode::CREATED);
+    assert_eq!(
+        owners(&state, root).await,
+        [("r1".to_string(), "uid:0".to_string())]
+    );
+    // On the socket too, a token sent decides, and a wrong one is refused.
+    let mut req = Request::get("/v1/status")
+        .header("authorization", "Bearer wrong")
+        .extension(Peer::Unix { uid: 0, pid: None });
+    let (code, _) = respond(&state, req.body(Body::empty()).unwrap()).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    req = Request::post("/v1/workers/w1/reset")
+        .header("authorization", format!("Bearer {READ}"))
+        .extension(Peer::Unix { uid: 0, pid: None });
+    let answer = respond(&state, req.body(Body::empty()).unwrap()).await;
+    assert_forbidden(&answer, "admin");
+}

@@ -1,0 +1,115 @@
+//! `memwatch exec` over the agent's local socket: the agent has an
+//! `api_token`, exec has no token at all, and the task is registered and
+//! ended all the same, owned by exec's uid. Over HTTP, without the token,
+//! the same exec is refused. Root (exec makes a memory cgroup; the agent
+//! polls, no BPF); never skipped in CI.
+
+use std::{process::Command, time::Duration};
+
+use memwatch::EventKind;
+use memwatch_tests::{agent::Agent, cgroup::TestCgroup, process::root_or_skip, workspace_bin};
+
+const ADMIN_TOKEN: &str = "s3cret-admin-token";
+
+/// `memwatch exec` with none of the client's settings from the test's
+/// environment: no token, no agent URL, no socket but the one given.
+fn exec(args: &[&str]) -> std::process::Output {
+    Command::new(workspace_bin("memwatch"))
+        .arg("exec")
+        .args(args)
+        .env_remove("MEMWATCH_TOKEN")
+        .env_remove("MEMWATCH_AGENT")
+        .env_remove("MEMWATCH_SOCKET")
+        .output()
+        .expect("run memwatch exec")
+}
+
+#[tokio::test]
+async fn exec_over_the_socket_needs_no_token() {
+    if !root_or_skip(
+        "exec_over_the_socket_needs_no_token",
+        "memwatch exec makes a memory cgroup",
+    ) {
+        return;
+    }
+    let worker = TestCgroup::create("socket-exec");
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, format!("{ADMIN_TOKEN}\n")).unwrap();
+    let mut agent = Agent::start_with_config(&format!(
+        "source = \"poll\"\napi_token_file = \"{}\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n",
+        token.display(),
+        worker.path_str()
+    ))
+    .await;
+    let socket = agent.socket().to_str().expect("UTF-8 path").to_string();
+
+    let out = exec(&[
+        "--socket",
+        &socket,
+        "--task-id",
+        "t-sock",
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "registered and ended over the socket, CMD's status passed on: {}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        agent.log_text()
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("could not tell the agent"),
+        "the end was told too: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    agent.set_token(ADMIN_TOKEN);
+    let finished = agent
+        .wait_for_event(Duration::from_secs(10), "task_finished", |e| {
+            e.body.kind == EventKind::TaskFinished && e.body.task_id.as_deref() == Some("t-sock")
+        })
+        .await;
+    assert_eq!(
+        finished.body.reason.as_deref(),
+        Some("ended with exit status 3")
+    );
+    let (code, body) = agent.get("/v1/status").await;
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let task = status["finished_tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["task_id"] == "t-sock")
+        .unwrap_or_else(|| panic!("t-sock among the finished tasks: {status}"));
+    // SAFETY: getuid(2) cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    assert_eq!(task["owner"], format!("uid:{uid}"), "{task}");
+    assert_eq!(status["socket"]["listening"], true, "{status}");
+
+    // The same exec over HTTP without the token is refused: the socket
+    // made the difference.
+    let out = exec(&[
+        "--agent",
+        &agent.base_url,
+        "--task-id",
+        "t-http",
+        "--",
+        "true",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
