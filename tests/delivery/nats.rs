@@ -32,6 +32,7 @@ async fn events_land_in_the_stream_exactly_once_across_a_nats_restart() {
         stream: STREAM.into(),
         delivery: Delivery {
             batch_size: 3,
+            batch_bytes: 64 << 10,
             connect_timeout: Duration::from_millis(500),
             timeout: Duration::from_millis(800),
             retry_initial: Duration::from_millis(50),

@@ -14,6 +14,12 @@ use serde::{Deserialize, de::DeserializeOwned};
 pub(crate) const DEFAULT_BATCH_SIZE: usize = 100;
 /// The largest batch accepted.
 pub(crate) const MAX_BATCH_SIZE: usize = 1000;
+/// Bytes of event JSON per batch: below the common server limits (NATS'
+/// default `max_payload` and nginx's `client_max_body_size` are 1 MiB).
+pub(crate) const DEFAULT_BATCH_BYTES: usize = 512 << 10;
+/// The smallest byte bound accepted (a batch holds one event at least,
+/// whatever its size).
+pub(crate) const MIN_BATCH_BYTES: usize = 1 << 10;
 /// Time allowed to open a connection to a sink.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time allowed for a whole request (webhook) or a publish acknowledgement (NATS).
@@ -25,8 +31,9 @@ pub(crate) const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(60);
 /// The keys every sink table takes besides its own (`connect_timeout` only
 /// where the sink opens a connection). docs/configuration.md lists them
 /// under each sink (tests/ops/docs.rs checks it).
-pub(crate) const DELIVERY_KEYS: [&str; 5] = [
+pub(crate) const DELIVERY_KEYS: [&str; 6] = [
     "batch_size",
+    "batch_bytes",
     "connect_timeout",
     "timeout",
     "retry_initial",
@@ -56,6 +63,8 @@ impl fmt::Debug for Secret {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Delivery {
     pub batch_size: usize,
+    /// Bytes of event JSON per batch (an event larger than this goes alone).
+    pub batch_bytes: usize,
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub retry_initial: Duration,
@@ -66,6 +75,7 @@ impl Default for Delivery {
     fn default() -> Self {
         Self {
             batch_size: DEFAULT_BATCH_SIZE,
+            batch_bytes: DEFAULT_BATCH_BYTES,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             timeout: DEFAULT_TIMEOUT,
             retry_initial: DEFAULT_RETRY_INITIAL,
@@ -108,7 +118,14 @@ impl SinkTable {
     /// written. A sink that opens no connection (`connects` false) has no
     /// `connect_timeout`: the key stays in the table and is unknown there.
     pub fn delivery(&mut self, defaults: Delivery, connects: bool) -> Result<Delivery, InvalidKey> {
-        let [batch_key, connect_key, timeout_key, initial_key, max_key] = DELIVERY_KEYS;
+        let [
+            batch_key,
+            bytes_key,
+            connect_key,
+            timeout_key,
+            initial_key,
+            max_key,
+        ] = DELIVERY_KEYS;
         let batch_size = match self.table.remove(batch_key) {
             Some(value) => value
                 .as_integer()
@@ -118,8 +135,25 @@ impl SinkTable {
                 })?,
             None => defaults.batch_size,
         };
+        let batch_bytes = match self.table.remove(bytes_key) {
+            Some(value) => {
+                let size: crate::model::units::Size =
+                    value.clone().try_into().map_err(|e: toml::de::Error| {
+                        self.invalid(bytes_key, e.message().to_string())
+                    })?;
+                usize::try_from(size.0).unwrap_or(usize::MAX)
+            }
+            None => defaults.batch_bytes,
+        };
+        if batch_bytes < MIN_BATCH_BYTES {
+            return Err(self.invalid(
+                bytes_key,
+                format!("must be at least {MIN_BATCH_BYTES} bytes, got {batch_bytes}"),
+            ));
+        }
         let delivery = Delivery {
             batch_size,
+            batch_bytes,
             connect_timeout: if connects {
                 self.take_duration(connect_key, defaults.connect_timeout)?
             } else {
@@ -217,6 +251,7 @@ mod tests {
             .iter()
             .map(|k| match *k {
                 "batch_size" => format!("{k} = 10\n"),
+                "batch_bytes" => format!("{k} = \"64KiB\"\n"),
                 _ => format!("{k} = \"1s\"\n"),
             })
             .collect();
@@ -237,6 +272,14 @@ mod tests {
         assert_eq!(d.timeout, Duration::from_secs(3));
         assert_eq!(d.retry_max, DEFAULT_RETRY_MAX);
         assert_eq!(t.table.keys().collect::<Vec<_>>(), ["own"], "own keys stay");
+        let mut t = table("x", "batch_bytes = \"1MiB\"");
+        assert_eq!(
+            t.delivery(Delivery::default(), true).unwrap().batch_bytes,
+            1 << 20
+        );
+        let mut t = table("x", "batch_bytes = 100");
+        let e = t.delivery(Delivery::default(), true).unwrap_err();
+        assert_eq!(e.key, "x[0].batch_bytes");
         let mut t = table("x", "timeout = \"0s\"");
         let e = t.delivery(Delivery::default(), true).unwrap_err();
         assert_eq!(e.key, "x[0].timeout");

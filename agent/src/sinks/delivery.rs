@@ -183,7 +183,7 @@ pub(crate) async fn run_beating<S: Sink>(
             return;
         }
         backlog.set(outbox.backlog(&name) as i64);
-        let batch = outbox.read(acked, limit);
+        let batch = cut_to_bytes(outbox.read(acked, limit), delivery.batch_bytes);
         let Some(last) = batch.last().map(|e| e.seq) else {
             tokio::select! {
                 changed = newest.changed() => if changed.is_err() { return },
@@ -216,6 +216,23 @@ pub(crate) async fn run_beating<S: Sink>(
         acked = last;
         debug!(sink = %name, first_seq = first, last_seq = last, "batch acknowledged");
     }
+}
+
+/// The first events of `batch` whose JSON fits in `max` bytes together
+/// (one event at least: one larger than `max` goes alone, and the far end
+/// says whether it takes it).
+fn cut_to_bytes(mut batch: Vec<Event>, max: usize) -> Vec<Event> {
+    let mut total = 0;
+    let fits = batch
+        .iter()
+        .position(|event| {
+            // A JSON array: the events and a comma between each.
+            total += serde_json::to_vec(event).map_or(0, |v| v.len()) + 1;
+            total > max + 1
+        })
+        .unwrap_or(batch.len());
+    batch.truncate(fits.max(1));
+    batch
 }
 
 #[cfg(test)]
@@ -394,5 +411,77 @@ mod refused_tests {
             1
         );
         assert_eq!(outbox.backlog("picky"), 0, "nothing held for ever");
+    }
+
+    /// Takes every batch; keeps each batch's seqs and JSON size.
+    struct Recording {
+        delivery: Delivery,
+        batches: Arc<Mutex<Vec<(Vec<u64>, usize)>>>,
+    }
+
+    impl Sink for Recording {
+        fn name(&self) -> &str {
+            "recording"
+        }
+        fn delivery(&self) -> &Delivery {
+            &self.delivery
+        }
+        async fn send(&mut self, batch: &[Event]) -> Result<(), SendError> {
+            let bytes = serde_json::to_vec(batch).unwrap().len();
+            let seqs = batch.iter().map(|e| e.seq).collect();
+            self.batches.lock().unwrap().push((seqs, bytes));
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_are_cut_by_bytes_and_a_larger_event_goes_alone() {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h", 100, metrics.clone());
+        for i in 0..12 {
+            let mut body = EventBody::new(EventKind::TaskStarted);
+            // ~3 KiB each; the 7th ~20 KiB, over the bound by itself.
+            let size = if i == 6 { 20 << 10 } else { 3 << 10 };
+            body.reason = Some("x".repeat(size));
+            outbox.append(body, None);
+        }
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let sink = Recording {
+            delivery: Delivery {
+                batch_size: 100,
+                batch_bytes: 8 << 10,
+                ..Delivery::default()
+            },
+            batches: Arc::clone(&batches),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(sink, outbox.clone(), metrics.clone(), stopped));
+        for _ in 0..100 {
+            if outbox.backlog("recording") == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.send(true).unwrap();
+        task.await.unwrap();
+        let batches = batches.lock().unwrap();
+        let seqs: Vec<u64> = batches.iter().flat_map(|(s, _)| s.clone()).collect();
+        assert_eq!(
+            seqs,
+            (1..=12).collect::<Vec<_>>(),
+            "every event, in order, once"
+        );
+        for (seqs, bytes) in batches.iter() {
+            if seqs == &[7] {
+                assert!(*bytes > 8 << 10, "the large one alone: {bytes}");
+            } else {
+                assert!(*bytes <= 8 << 10, "{seqs:?}: {bytes} bytes");
+                // Two fit in 8 KiB: only the last one is alone.
+                assert!(
+                    seqs.len() == 2 || seqs == &[12],
+                    "cut no smaller than needed: {seqs:?}"
+                );
+            }
+        }
     }
 }
