@@ -413,10 +413,13 @@ mod refused_tests {
         assert_eq!(outbox.backlog("picky"), 0, "nothing held for ever");
     }
 
-    /// Takes every batch; keeps each batch's seqs and JSON size.
+    /// A batch's seqs and its size as JSON.
+    type Taken = (Vec<u64>, usize);
+
+    /// Takes every batch; keeps each one's seqs and size.
     struct Recording {
         delivery: Delivery,
-        batches: Arc<Mutex<Vec<(Vec<u64>, usize)>>>,
+        batches: Arc<Mutex<Vec<Taken>>>,
     }
 
     impl Sink for Recording {
