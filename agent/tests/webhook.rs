@@ -30,6 +30,7 @@ fn config(addr: SocketAddr, secret: Option<&str>) -> WebhookConfig {
         secret: secret.map(|s| Secret(s.into())),
         delivery: Delivery {
             batch_size: 4,
+            batch_bytes: 64 << 10,
             connect_timeout: Duration::from_millis(300),
             timeout: Duration::from_millis(400),
             retry_initial: Duration::from_millis(20),
