@@ -7,8 +7,11 @@
 
 /// Map names, shared so the agent never spells them differently.
 pub mod maps {
-    /// `RingBuf` carrying [`super::OomVictimEvent`] records to user space.
+    /// `RingBuf` carrying cgroup and growth records to user space.
     pub const EVENTS: &str = "EVENTS";
+    /// `RingBuf` of its own for [`super::OomVictimEvent`] records: cgroup
+    /// churn filling [`EVENTS`] cannot crowd an OOM kill out.
+    pub const OOM_EVENTS: &str = "OOM_EVENTS";
     /// Per-CPU array of `u64` probe counters, indexed by [`super::ProbeCounter`].
     pub const PROBE_COUNTERS: &str = "PROBE_COUNTERS";
     /// Hash: memory cgroup id → [`super::WatchedCgroup`], set by user space.
@@ -245,6 +248,10 @@ pub const COMM_LEN: usize = 16;
 /// An OOM record is 88 bytes plus an 8-byte header: 256 KiB holds ~2,700
 /// of them unread.
 pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
+
+/// The OOM ring's size in bytes (a power of two, a multiple of the page
+/// size): ~680 OOM records unread, more kills than any storm measured.
+pub const OOM_RING_BYTES: u32 = 64 * 1024;
 
 /// Counters the programs keep in [`maps::PROBE_COUNTERS`].
 #[repr(u32)]

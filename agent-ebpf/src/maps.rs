@@ -1,7 +1,8 @@
 //! Maps and load-time globals shared by every program.
 
 use agent_common::{
-    EVENTS_RING_BYTES, FastPath, GrowthSettings, KernelOffsets, ProbeCounter, WatchedCgroup, result,
+    EVENTS_RING_BYTES, FastPath, GrowthSettings, KernelOffsets, OOM_RING_BYTES, ProbeCounter,
+    WatchedCgroup, result,
 };
 use aya_ebpf::{
     Global,
@@ -40,8 +41,14 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
 #[unsafe(no_mangle)]
 pub static GROWTH: Global<GrowthSettings> = Global::new(GrowthSettings::DEFAULT);
 
+/// Cgroup and growth records.
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+/// OOM victims only: a ring of their own, so that cgroup churn filling
+/// `EVENTS` cannot crowd a kill out.
+#[map(name = "OOM_EVENTS")]
+pub static OOM_EVENTS: RingBuf = RingBuf::with_byte_size(OOM_RING_BYTES, 0);
 
 #[map(name = "PROBE_COUNTERS")]
 pub static PROBE_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ProbeCounter::COUNT, 0);

@@ -1,6 +1,8 @@
-//! The kernel ring buffer (EVENTS_RING_BYTES) overflows while the agent's
-//! reader is stopped (SIGSTOP): the loss is counted in the kernel and in the
-//! metrics, and /health says `degraded`, naming it. Root only; never
+//! The kernel ring buffers overflow while the agent's reader is stopped
+//! (SIGSTOP): the loss is counted in the kernel and in the metrics, /health
+//! says `degraded`, naming it; an OOM kill amid cgroup churn that fills the
+//! event ring is still seen live (its ring is its own); kills a full OOM
+//! ring dropped are recovered from the kernel's counters. Root only; never
 //! skipped in CI.
 
 use std::{
@@ -109,19 +111,54 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
     assert_eq!(code, 201);
 }
 
-/// An OOM kill whose record the full ring buffer dropped is still
-/// reported, once, from the kernel's counters: the loss triggers a walk,
-/// and a kill no live event accounted for becomes an `oom_kill` with
-/// `recovered: true` for its cgroup within seconds.
+/// Kills in `cgroup` as the agent reported them: how many were seen live,
+/// and how many the counters recovered (each recovered event says how many
+/// kills it stands for: "recovered: N OOM kill…").
+fn kills_reported(events: &[memwatch::Event], cgroup: &str) -> (u64, u64) {
+    let mut live = 0;
+    let mut recovered = 0;
+    for e in events
+        .iter()
+        .filter(|e| e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(cgroup))
+    {
+        if e.body.recovered == Some(true) {
+            let reason = e.body.reason.as_deref().unwrap_or("");
+            let n = reason
+                .strip_prefix("recovered: ")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("a recovered kill says how many: {reason}"));
+            recovered += n;
+        } else {
+            live += 1;
+        }
+    }
+    (live, recovered)
+}
+
+/// Runs memhog in `cgroup` (limited below what it takes) until the kernel
+/// kills it.
+fn oom_kill_in(cgroup: &TestCgroup) {
+    let mut hog = memhog_in(cgroup.path(), 200, 30).spawn().expect("memhog");
+    let status = wait_timeout(&mut hog, Duration::from_secs(30))
+        .expect("wait memhog")
+        .expect("memhog OOM-killed within 30 s");
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+}
+
+/// Cgroup churn that overflows the event ring while an OOM kill happens:
+/// the kill has a ring of its own and is reported live, victim named; the
+/// churn's loss is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_lost_to_a_full_ring_buffer_is_recovered_from_the_counters() {
-    const TEST: &str = "a_kill_lost_to_a_full_ring_buffer_is_recovered_from_the_counters";
+async fn a_kill_amid_churn_that_fills_the_event_ring_is_reported_live() {
+    const TEST: &str = "a_kill_amid_churn_that_fills_the_event_ring_is_reported_live";
     if !kernel_tests_enabled(TEST) {
         return;
     }
     let _serial = SERIAL.lock().await;
     let agent = Agent::start(&[]).await;
-    let victim = TestCgroup::create("ring-lost-kill");
+    let victim = TestCgroup::create("ring-amid-churn");
     victim.limit(64 << 20);
     let churn = TestCgroup::create("ring-churn");
     {
@@ -132,55 +169,103 @@ async fn a_kill_lost_to_a_full_ring_buffer_is_recovered_from_the_counters() {
             std::fs::create_dir(&child).expect("mkdir");
             std::fs::remove_dir(&child).expect("rmdir");
         }
-        // The ring is full: this kill's record has no room.
-        let mut hog = memhog_in(victim.path(), 200, 30).spawn().expect("memhog");
-        let status = wait_timeout(&mut hog, Duration::from_secs(30))
-            .expect("wait memhog")
-            .expect("memhog OOM-killed within 30 s");
-        use std::os::unix::process::ExitStatusExt as _;
-        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+        // The event ring is full now; the kill's record goes to its own.
+        oom_kill_in(&victim);
     }
     let resumed = Instant::now();
-    let kills = |events: &[memwatch::Event]| -> Vec<memwatch::Event> {
-        events
-            .iter()
-            .filter(|e| {
-                e.body.kind == EventKind::OomKill
-                    && e.body.cgroup.as_deref() == Some(victim.path_str())
-            })
-            .cloned()
-            .collect()
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let kill = loop {
+        let events = agent.all_events().await;
+        if let Some(kill) = events.into_iter().find(|e| {
+            e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(victim.path_str())
+        }) {
+            break kill;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no oom_kill; log:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let took = resumed.elapsed();
+    assert_ne!(kill.body.recovered, Some(true), "seen live: {kill:?}");
+    assert!(kill.body.pid.is_some(), "the victim is named: {kill:?}");
+    let (_, metrics) = agent.get("/metrics").await;
+    let lost = counter(
+        &metrics,
+        "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}",
+    );
+    assert!(lost > 0.0, "the churn overflowed the event ring: {metrics}");
+    // Once: the walk the loss triggers finds it accounted for.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        kills_reported(&agent.all_events().await, victim.path_str()),
+        (1, 0)
+    );
+    println!(
+        "a kill amid churn that dropped {lost} records: reported live {took:?} after the reader resumed, pid {:?}",
+        kill.body.pid
+    );
+}
+
+/// Kills whose records a full OOM ring dropped (the ring made small, the
+/// reader stopped) are still reported, each once, from the kernel's
+/// counters: the loss triggers a walk, and kills no live event accounted
+/// for become `oom_kill` events with `recovered: true` within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_lost_to_a_full_oom_ring_are_recovered_from_the_counters() {
+    const TEST: &str = "kills_lost_to_a_full_oom_ring_are_recovered_from_the_counters";
+    if !kernel_tests_enabled(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    // One page: 42 records of 96 bytes.
+    let agent = Agent::start(&["--probe-oom-ring-bytes", "4096"]).await;
+    let victim = TestCgroup::create("ring-lost-kills");
+    victim.limit(32 << 20);
+    const KILLS: u64 = 50;
+    let made = Instant::now();
+    {
+        agent.signal(libc::SIGSTOP);
+        let _resume = Resume(&agent);
+        for _ in 0..KILLS {
+            oom_kill_in(&victim);
+        }
+    }
+    let made = made.elapsed();
+    let resumed = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(40);
-    let found = loop {
-        let found = kills(&agent.all_events().await);
-        if !found.is_empty() || Instant::now() > deadline {
+    let (live, recovered) = loop {
+        let found = kills_reported(&agent.all_events().await, victim.path_str());
+        if found.0 + found.1 >= KILLS || Instant::now() > deadline {
             break found;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let took = resumed.elapsed();
     assert_eq!(
-        found.len(),
-        1,
-        "one report of the lost kill; log:\n{}",
+        live + recovered,
+        KILLS,
+        "every kill, once: {live} live + {recovered} recovered; log:\n{}",
         agent.log_text()
     );
-    assert_eq!(found[0].body.recovered, Some(true), "{:?}", found[0]);
+    assert!(recovered > 0, "the small ring dropped some: {live} live");
+    let (_, metrics) = agent.get("/metrics").await;
     assert!(
-        found[0]
-            .body
-            .reason
-            .as_deref()
-            .unwrap_or("")
-            .contains("1 OOM kill that no live event"),
-        "{:?}",
-        found[0]
+        counter(
+            &metrics,
+            "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}"
+        ) > 0.0
     );
     // Nothing twice: later checks and walks add nothing.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    assert_eq!(kills(&agent.all_events().await).len(), 1);
+    assert_eq!(
+        kills_reported(&agent.all_events().await, victim.path_str()),
+        (live, recovered)
+    );
     println!(
-        "a kill lost to a full ring buffer: recovered from the counters {took:?} after the reader resumed"
+        "{KILLS} kills in {made:?} with the reader stopped and a one-page OOM ring: {live} reported live, \
+         {recovered} recovered from the counters, all {took:?} after the reader resumed"
     );
 }

@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{EVENTS, OFFSETS, SIGKILLED, count, read, ret};
+use crate::maps::{OFFSETS, OOM_EVENTS, SIGKILLED, count, read, ret};
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
@@ -76,7 +76,7 @@ fn try_mark_victim_pid(pid: u32) -> Result<(), i32> {
 fn mark_victim_unknown(pid: u32) -> Result<(), i32> {
     count(ProbeCounter::OomSeen);
     count(ProbeCounter::ReadErrors);
-    let Some(mut entry) = EVENTS.reserve::<OomVictimEvent>(0) else {
+    let Some(mut entry) = OOM_EVENTS.reserve::<OomVictimEvent>(0) else {
         count(ProbeCounter::RingbufFull);
         return Err(result::RINGBUF_FULL);
     };
@@ -97,7 +97,7 @@ fn try_mark_victim(task: *const u8) -> Result<(), i32> {
     }
     count(ProbeCounter::OomSeen);
 
-    let Some(mut entry) = EVENTS.reserve::<OomVictimEvent>(0) else {
+    let Some(mut entry) = OOM_EVENTS.reserve::<OomVictimEvent>(0) else {
         count(ProbeCounter::RingbufFull);
         return Err(result::RINGBUF_FULL);
     };

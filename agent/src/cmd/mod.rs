@@ -156,6 +156,10 @@ pub struct RunArgs {
     /// (`mark_victim`'s pid, the task from `signal_generate`), on this one.
     #[arg(long, hide = true)]
     pub probe_oom_by_pid: bool,
+    /// Tests only: the OOM ring's size in bytes (a power of two, whole
+    /// pages), small enough for a test to overflow it.
+    #[arg(long, hide = true, value_name = "BYTES")]
+    pub probe_oom_ring_bytes: Option<u32>,
     /// Event source: `auto` (eBPF, else polling the cgroup files), `ebpf`, `poll`.
     #[arg(long, value_enum)]
     pub source: Option<crate::config::SourceChoice>,
@@ -174,6 +178,7 @@ impl RunArgs {
             webhooks: self.webhooks.clone(),
             probe_floor: self.probe_floor,
             probe_oom_by_pid: self.probe_oom_by_pid,
+            probe_oom_ring_bytes: self.probe_oom_ring_bytes,
             source: self.source,
         }
     }

@@ -67,6 +67,8 @@ pub struct Config {
     pub probe_floor: bool,
     /// Tests only (`--probe-oom-by-pid`): OOM victims found the pre-6.2 way.
     pub probe_oom_by_pid: bool,
+    /// Tests only (`--probe-oom-ring-bytes`): a smaller OOM ring.
+    pub probe_oom_ring_bytes: Option<u32>,
     /// The event source.
     pub source: SourceChoice,
     /// Turn on the kernel's BPF run-time statistics (program run counts and
@@ -121,6 +123,7 @@ impl Default for Config {
             growth_step: 64 << 20,
             probe_floor: false,
             probe_oom_by_pid: false,
+            probe_oom_ring_bytes: None,
             source: SourceChoice::Auto,
             bpf_stats: false,
             api_token: None,
@@ -212,6 +215,8 @@ pub struct Overrides {
     pub probe_floor: bool,
     /// `--probe-oom-by-pid` (tests only).
     pub probe_oom_by_pid: bool,
+    /// `--probe-oom-ring-bytes` (tests only).
+    pub probe_oom_ring_bytes: Option<u32>,
     /// `--source`.
     pub source: Option<SourceChoice>,
 }
@@ -265,6 +270,7 @@ impl Config {
         }
         config.probe_floor = overrides.probe_floor;
         config.probe_oom_by_pid = overrides.probe_oom_by_pid;
+        config.probe_oom_ring_bytes = overrides.probe_oom_ring_bytes;
         if let Some(source) = overrides.source {
             config.source = source;
         }

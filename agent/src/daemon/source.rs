@@ -55,6 +55,7 @@ impl Source {
             growth: config.growth_settings(),
             floor: config.probe_floor,
             oom_by_pid: config.probe_oom_by_pid,
+            oom_ring_bytes: config.probe_oom_ring_bytes,
             stats: config.bpf_stats,
         };
         let loaded = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path, &options))

@@ -35,6 +35,48 @@ use super::{
 /// The compiled programs, built by build.rs with aya-build.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
 
+/// Cgroup records read in a row before the OOM ring is looked at again.
+const CHURN_BATCH: usize = 64;
+
+/// A ring buffer the reader can wait on.
+type Ring = AsyncFd<RingBuf<MapData>>;
+
+fn watch_ring(ring: RingBuf<MapData>) -> Result<Ring, ProbeError> {
+    // SAFETY: the RingBuf owns its map fd, which stays open and the same
+    // until the RingBuf (moved into the AsyncFd) is dropped with it.
+    unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+        .map_err(|e| ProbeError::Poll(e.into()))
+}
+
+/// Sends up to `max` records of `ring` to `tx`; how many were read, or
+/// `None` when `tx` is closed. Readiness was cleared before: a record
+/// committed meanwhile wakes the next wait. A record borrows the ring:
+/// it is decoded (a copy) before awaiting.
+async fn drain(
+    ring: &mut Ring,
+    max: usize,
+    tx: &mpsc::Sender<ProbeEvent>,
+    page_size: u64,
+    clock: &ClockPair,
+) -> Option<usize> {
+    let mut read = 0;
+    while read < max {
+        let Some(decoded) = ring
+            .get_mut()
+            .next()
+            .map(|item| decode::record(&item, page_size, clock))
+        else {
+            break;
+        };
+        read += 1;
+        match decoded {
+            Ok(event) => tx.send(event).await.ok()?,
+            Err(error) => warn!(%error, "undecodable ring buffer record"),
+        }
+    }
+    Some(read)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ProbeError {
     #[error(
@@ -103,6 +145,10 @@ pub(crate) struct ProbeOptions {
     /// Tests only: find OOM victims the way kernels whose `mark_victim`
     /// passes only a pid must (through `signal_generate`), on this kernel.
     pub oom_by_pid: bool,
+    /// Tests only: the OOM ring's size in bytes instead of
+    /// [`agent_common::OOM_RING_BYTES`] (a power of two, whole pages), small
+    /// enough for a test to overflow it.
+    pub oom_ring_bytes: Option<u32>,
 }
 
 impl Default for ProbeOptions {
@@ -112,6 +158,7 @@ impl Default for ProbeOptions {
             floor: false,
             stats: false,
             oom_by_pid: false,
+            oom_ring_bytes: None,
         }
     }
 }
@@ -189,9 +236,14 @@ impl EbpfProbe {
             .map(|e| format!("growth tracking off: {e}"));
         debug!(?offsets, "kernel offsets from BTF");
 
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global(OFFSETS_GLOBAL, &offsets, true)
-            .override_global(GROWTH_GLOBAL, &growth, true)
+            .override_global(GROWTH_GLOBAL, &growth, true);
+        if let Some(bytes) = options.oom_ring_bytes {
+            loader.map_max_entries(maps::OOM_EVENTS, bytes);
+        }
+        let mut ebpf = loader
             .load(PROGRAMS)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let aya_btf =
@@ -240,54 +292,53 @@ impl EbpfProbe {
         &self.hooks
     }
 
-    /// Starts the task that reads the ring buffer into `tx`. When `tx` is
-    /// full the reader waits, the ring buffer fills, and the kernel counts
-    /// what it cannot store ([`ProbeCounter::RingbufFull`]): the queue is
-    /// bounded at both ends and every loss is counted.
-    /// Reads the ring buffer into `tx`, beating `beat` at every wake and
-    /// every [`IDLE_BEAT`] while the ring is empty.
+    /// Starts the task that reads both ring buffers into `tx`, the OOM ring
+    /// first. When `tx` is full the reader waits, a ring fills, and the
+    /// kernel counts what it cannot store ([`ProbeCounter::RingbufFull`]):
+    /// the queue is bounded at both ends and every loss is counted. Beats
+    /// `beat` at every wake and every [`IDLE_BEAT`] while the rings are empty.
     pub(crate) fn spawn_reader(
         &mut self,
         tx: mpsc::Sender<ProbeEvent>,
         beat: Beat,
     ) -> Result<JoinHandle<()>, ProbeError> {
-        let ring = take_map(&mut self.ebpf, maps::EVENTS, RingBuf::try_from)?;
-        // SAFETY: the RingBuf owns its map fd, which stays open and the same
-        // until the RingBuf (moved into the AsyncFd) is dropped with it.
-        let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| ProbeError::Poll(e.into()))?;
+        let mut oom = watch_ring(take_map(
+            &mut self.ebpf,
+            maps::OOM_EVENTS,
+            RingBuf::try_from,
+        )?)?;
+        let mut events = watch_ring(take_map(&mut self.ebpf, maps::EVENTS, RingBuf::try_from)?)?;
         let page_size = procfs::page_size();
         Ok(tokio::spawn(async move {
             loop {
                 beat.beat();
-                match tokio::time::timeout(IDLE_BEAT, fd.readable_mut()).await {
-                    Ok(Ok(mut guard)) => guard.clear_ready(),
-                    // No wakeup for a while: read anyway. The kernel wakes a
-                    // reader only when it had caught up, so a wakeup that
-                    // came between the last read and clear_ready() is lost
-                    // for good; this bounds that to one IDLE_BEAT.
-                    Err(_) => {}
-                    Ok(Err(error)) => {
-                        warn!(%error, "ring buffer poll failed; reader stops");
-                        return;
-                    }
+                // No wakeup for a while: read anyway. The kernel wakes a
+                // reader only when it had caught up, so a wakeup that came
+                // between the last read and clear_ready() is lost for good;
+                // the timeout bounds that to one IDLE_BEAT.
+                let woke = tokio::select! {
+                    ready = oom.readable_mut() => ready.map(|mut g| g.clear_ready()),
+                    ready = events.readable_mut() => ready.map(|mut g| g.clear_ready()),
+                    _ = tokio::time::sleep(IDLE_BEAT) => Ok(()),
+                };
+                if let Err(error) = woke {
+                    warn!(%error, "ring buffer poll failed; reader stops");
+                    return;
                 }
                 let clock = ClockPair::now();
-                // Readiness is cleared before reading, so a record committed
-                // while this drains wakes the next wait. The record borrows
-                // the ring: decode it (a copy) before awaiting.
-                while let Some(decoded) = fd
-                    .get_mut()
-                    .next()
-                    .map(|item| decode::record(&item, page_size, &clock))
-                {
-                    match decoded {
-                        Ok(event) => {
-                            if tx.send(event).await.is_err() {
-                                return; // the pipeline is gone: shutting down
-                            }
-                        }
-                        Err(error) => warn!(%error, "undecodable ring buffer record"),
+                // Every OOM record, then cgroup records a batch at a time,
+                // looking at the OOM ring again between batches: a kill never
+                // waits behind a backlog of churn.
+                loop {
+                    let Some(_) = drain(&mut oom, usize::MAX, &tx, page_size, &clock).await else {
+                        return; // the pipeline is gone: shutting down
+                    };
+                    let Some(read) = drain(&mut events, CHURN_BATCH, &tx, page_size, &clock).await
+                    else {
+                        return;
+                    };
+                    if read < CHURN_BATCH {
+                        break;
                     }
                 }
             }
