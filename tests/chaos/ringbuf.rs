@@ -22,6 +22,9 @@ fn cgroups_to_churn() -> usize {
     EVENTS_RING_BYTES as usize / record + 64
 }
 
+/// The kernel's count of records a full ring had no room for.
+const RINGBUF_FULL: &str = "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}";
+
 /// The value of a counter series in `/metrics`, 0 while it is not there.
 fn counter(text: &str, series: &str) -> f64 {
     metric(text, series).unwrap_or(0.0)
@@ -191,12 +194,19 @@ async fn a_kill_amid_churn_that_fills_the_event_ring_is_reported_live() {
     let took = resumed.elapsed();
     assert_ne!(kill.body.recovered, Some(true), "seen live: {kill:?}");
     assert!(kill.body.pid.is_some(), "the victim is named: {kill:?}");
-    let (_, metrics) = agent.get("/metrics").await;
-    let lost = counter(
-        &metrics,
-        "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}",
-    );
-    assert!(lost > 0.0, "the churn overflowed the event ring: {metrics}");
+    // The kernel's counters are published every few seconds.
+    let lost = loop {
+        let (_, metrics) = agent.get("/metrics").await;
+        let lost = counter(&metrics, RINGBUF_FULL);
+        if lost > 0.0 {
+            break lost;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the churn overflowed the event ring: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     // Once: the walk the loss triggers finds it accounted for.
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(
@@ -253,10 +263,8 @@ async fn kills_lost_to_a_full_oom_ring_are_recovered_from_the_counters() {
     assert!(recovered > 0, "the small ring dropped some: {live} live");
     let (_, metrics) = agent.get("/metrics").await;
     assert!(
-        counter(
-            &metrics,
-            "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}"
-        ) > 0.0
+        counter(&metrics, RINGBUF_FULL) > 0.0,
+        "the loss is counted: {metrics}"
     );
     // Nothing twice: later checks and walks add nothing.
     tokio::time::sleep(Duration::from_secs(12)).await;
