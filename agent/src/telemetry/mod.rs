@@ -44,6 +44,7 @@ pub(crate) const SINK_RETRIES_TOTAL: &str = "memwatch_sink_retries_total";
 pub(crate) const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
 pub(crate) const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
 pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_total";
+pub(crate) const STATE_QUARANTINED_TOTAL: &str = "memwatch_state_quarantined_total";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
 pub(crate) fn init_logging(default_level: &str) {
@@ -110,6 +111,9 @@ pub struct Metrics {
     /// What scheduler sinks did (`retire`, `drain`, `resume`, `requeue`,
     /// `guard_blocked`), by sink name.
     pub scheduler_actions: IntCounterVec,
+    /// Stored state set aside because it was corrupt, by what
+    /// (`outbox`: the whole database; `slurm`: a Slurm sink's state file).
+    pub state_quarantined: IntCounterVec,
 }
 
 impl Metrics {
@@ -138,6 +142,7 @@ impl Metrics {
             Box::new(self.outbox_unpersisted.clone()),
             Box::new(self.sink_delivered.clone()),
             Box::new(self.sink_retries.clone()),
+            Box::new(self.state_quarantined.clone()),
             Box::new(self.sink_failures.clone()),
             Box::new(self.sink_backlog.clone()),
             Box::new(self.scheduler_actions.clone()),
@@ -287,6 +292,11 @@ impl Metrics {
                     "Actions scheduler sinks took (or were refused by the guard).",
                 ),
                 &["sink", "action"],
+            )?,
+            state_quarantined: counter(
+                STATE_QUARANTINED_TOTAL,
+                "Stored state set aside because it was corrupt.",
+                &["what"],
             )?,
         };
         for collector in metrics.collectors() {
