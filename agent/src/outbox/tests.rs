@@ -663,3 +663,92 @@ fn a_crash_while_no_reservation_is_writable_never_reuses_a_seq() {
     let (outbox, _) = open(dir.path(), Limits::default());
     assert!(add(&outbox, EventKind::OomKill) > highest);
 }
+
+/// What `PRAGMA quick_check` costs at open on a full outbox
+/// (`DEFAULT_CAPACITY` events): `cargo test -p memwatch --lib
+/// outbox::tests::quick_check_cost -- --ignored --nocapture`, with
+/// `MEMWATCH_MEASURE_DIR` to keep the databases. Figures: docs/delivery.md.
+#[test]
+#[ignore = "a measurement, not a check: about a minute"]
+fn quick_check_cost_on_a_full_outbox() {
+    let keep = std::env::var_os("MEMWATCH_MEASURE_DIR").map(std::path::PathBuf::from);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = keep.unwrap_or_else(|| tmp.path().to_path_buf());
+    let workers: Vec<serde_json::Value> = (0..4)
+        .map(|i| serde_json::json!({"name": format!("worker-{i}"), "status": "healthy", "reasons": [],
+            "cgroup": format!("/sys/fs/cgroup/memory/workers/worker-{i}"), "memory_bytes": 1_234_567_890_u64,
+            "residual_bytes": 123_456_789_u64, "soft_cap_bytes": 4_294_967_296_u64, "running_tasks": 3}))
+        .collect();
+    type Make = Box<dyn Fn(u64) -> EventBody>;
+    let shapes: [(&str, Make); 2] = [
+        (
+            "task events (~400 B)",
+            Box::new(|i| {
+                let mut body = EventBody::new(EventKind::TaskFinished);
+                body.worker = Some("worker-1".into());
+                body.task_id = Some(format!("slurm-{i}-977-1700000000000"));
+                body.cgroup = Some(format!(
+                    "/sys/fs/cgroup/memory/slurm/uid_1000/job_{i}/step_0"
+                ));
+                body.reason = Some("ended with exit status 0".into());
+                body.rss_bytes = Some(1_234_567);
+                body
+            }),
+        ),
+        (
+            "heartbeats (~2 KiB)",
+            Box::new(move |_| {
+                let mut body = EventBody::new(EventKind::Heartbeat);
+                body.state = Some(serde_json::json!({"version": "0.1.0", "host": "node-1",
+                    "source": "ebpf", "attach": "tp_btf", "health": {"status": "healthy", "reasons": []},
+                    "workers": workers, "tasks": [], "finished_tasks": []}));
+                body
+            }),
+        ),
+    ];
+    for (n, (shape, make)) in shapes.iter().enumerate() {
+        let dir = root.join(format!("shape-{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let (mut store, _) = store::Store::open(&dir).unwrap();
+            let total = DEFAULT_CAPACITY as u64;
+            for chunk in (1..=total).collect::<Vec<_>>().chunks(5000) {
+                let events: Vec<Event> = chunk
+                    .iter()
+                    .map(|&seq| Event {
+                        id: uuid::Uuid::now_v7().to_string(),
+                        seq,
+                        time: Utc::now(),
+                        host: "node-1".into(),
+                        epoch: Some(store.epoch().to_string()),
+                        body: make(seq),
+                    })
+                    .collect();
+                store
+                    .insert(&events, Utc::now().timestamp_millis())
+                    .unwrap();
+            }
+        }
+        let file = dir.join(store::FILE_NAME);
+        let size = std::fs::metadata(&file).unwrap().len();
+        let mut best = Duration::MAX;
+        for _ in 0..3 {
+            let conn = rusqlite::Connection::open(&file).unwrap();
+            let start = std::time::Instant::now();
+            let ok: String = conn
+                .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+                .unwrap();
+            best = best.min(start.elapsed());
+            assert_eq!(ok, "ok");
+        }
+        let start = std::time::Instant::now();
+        let (_store, set_aside) = store::Store::open(&dir).unwrap();
+        let open = start.elapsed();
+        assert!(set_aside.is_none());
+        println!(
+            "{shape}: {} events, {:.1} MiB: quick_check {best:?} (warm cache, best of 3); whole Store::open {open:?}",
+            DEFAULT_CAPACITY,
+            size as f64 / (1 << 20) as f64
+        );
+    }
+}
