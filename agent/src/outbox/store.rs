@@ -108,6 +108,15 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "the outbox database {path} was corrupt and set aside as {aside}, and the fresh one \
+         made in its place is corrupt at once ({error}): the disk is failing"
+    )]
+    FreshCorrupt {
+        path: PathBuf,
+        aside: PathBuf,
+        error: String,
+    },
     #[error(transparent)]
     Sql(#[from] rusqlite::Error),
     #[error("stored event does not parse: {0}")]
@@ -176,13 +185,11 @@ impl Store {
                 })?;
                 let store = connect(&path).map_err(|failure| match failure {
                     OpenFailure::Other(source) => fatal(&path, source),
-                    // A file made a moment ago: not corruption, a broken disk.
-                    OpenFailure::Corrupt(error) => fatal(
-                        &path,
-                        rusqlite::Error::InvalidParameterName(format!(
-                            "a fresh database is corrupt at once: {error}"
-                        )),
-                    ),
+                    OpenFailure::Corrupt(error) => StoreError::FreshCorrupt {
+                        path: path.clone(),
+                        aside: aside.clone(),
+                        error,
+                    },
                 })?;
                 Ok((
                     store,
