@@ -40,12 +40,13 @@ use crate::{
     config::{Config, SourceChoice},
     model::{
         event::{EventBody, EventKind},
+        source::SourceKind,
         spec::WorkerSpec,
     },
     outbox::{self, Outbox},
     probe::{counters::CounterPublisher, ebpf::ProbeError, privilege},
     record::Recorder,
-    sinks::{self, SinkContext, WorkerHealth, dask::names::SchedulerNames},
+    sinks::{self, ActionGate, SinkContext, WorkerHealth, dask::names::SchedulerNames},
     telemetry::{
         Metrics,
         liveness::{Beat, IDLE_BEAT, Liveness},
@@ -142,6 +143,8 @@ impl Daemon {
         );
         let (stop_tasks, tasks_stopped) = watch::channel(false);
         let names = SchedulerNames::default();
+        let workers = all_workers(&config);
+        let gate = action_gate(&outbox, &workers);
         let sink_context = SinkContext {
             outbox,
             recorder: recorder.clone(),
@@ -149,9 +152,10 @@ impl Daemon {
             stop: tasks_stopped,
             node_name: config.node_name.clone(),
             state_dir: config.state_dir.clone(),
-            workers: all_workers(&config),
+            workers,
             names: names.clone(),
             health: worker_health(&monitor),
+            gate,
             liveness: liveness.clone(),
         };
         let tasks = sinks::start_all(&config.sinks, &sink_context)?;
@@ -288,9 +292,10 @@ impl Daemon {
             .set(1);
 
         let mut started = EventBody::new(EventKind::AgentStarted);
-        started.reason = Some(format!(
-            "memwatch {} started; source {kind} ({attach})",
-            env!("CARGO_PKG_VERSION")
+        started.reason = Some(started_reason(
+            kind,
+            attach,
+            self.outbox().status().set_aside.as_deref(),
         ));
         self.recorder.record(started, None);
         self.oom = Some(OomBook::open(baseline, &self.recorder));
@@ -371,6 +376,45 @@ fn open_outbox(config: &Config, metrics: &Metrics) -> anyhow::Result<Outbox> {
     Ok(outbox)
 }
 
+/// The `agent_started` reason: the version, the event source, and the
+/// state set aside at this start (`set_aside`, as `/health` says it).
+fn started_reason(kind: SourceKind, attach: &str, set_aside: Option<&str>) -> String {
+    let mut reason = format!(
+        "memwatch {} started; source {kind} ({attach})",
+        env!("CARGO_PKG_VERSION")
+    );
+    if let Some(what) = set_aside {
+        reason.push_str("; state lost: ");
+        reason.push_str(what);
+    }
+    reason
+}
+
+/// The sinks' action gate: closed for the largest `recover_after` of the
+/// workers after a start that set the outbox database aside (see
+/// [`ActionGate`]), open otherwise.
+fn action_gate(outbox: &Outbox, workers: &[WorkerSpec]) -> ActionGate {
+    let Some(set_aside) = outbox.set_aside() else {
+        return ActionGate::open();
+    };
+    let window = workers
+        .iter()
+        .map(|w| w.recover_after)
+        .max()
+        .unwrap_or(crate::model::spec::DEFAULT_RECOVER_AFTER);
+    warn!(
+        window_s = window.as_secs(),
+        "scheduler actions held back after the state loss"
+    );
+    ActionGate::closed_for(
+        window,
+        format!(
+            "the outbox database was corrupt and set aside as {}",
+            set_aside.aside.display()
+        ),
+    )
+}
+
 /// Each worker's health now, for the sinks' re-check before they act.
 fn worker_health(monitor: &Arc<Monitor>) -> WorkerHealth {
     let monitor = Arc::clone(monitor);
@@ -410,5 +454,73 @@ async fn sample_forever(monitor: Arc<Monitor>, interval: Duration, beat: Beat) {
         if let Err(error) = tokio::task::spawn_blocking(move || monitor.tick()).await {
             warn!(%error, "sampling round failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics() -> Metrics {
+        Metrics::new(&Registry::new()).unwrap()
+    }
+
+    /// An outbox whose database was corrupt: the start says so in
+    /// `agent_started`, `/health` (degraded, naming the file set aside)
+    /// and the metrics, and holds scheduler actions back.
+    #[tokio::test(start_paused = true)]
+    async fn a_corrupt_outbox_reaches_health_agent_started_and_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(outbox::store::FILE_NAME), [0x5a_u8; 8192]).unwrap();
+        let metrics = metrics();
+        let outbox =
+            Outbox::open(dir.path(), "h1", outbox::Limits::default(), metrics.clone()).unwrap();
+        let aside = outbox.set_aside().unwrap().aside.clone();
+        assert!(aside.exists());
+        let name = aside.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("outbox.sqlite.corrupt-"), "{name}");
+        assert_eq!(
+            metrics
+                .state_quarantined
+                .with_label_values(&["outbox"])
+                .get(),
+            1
+        );
+
+        let status = outbox.status();
+        let verdict = status::overall(
+            &crate::watchdog::self_health::ProbeState {
+                source: Some(SourceKind::Ebpf),
+                ..Default::default()
+            },
+            &status,
+            &[],
+            &[],
+        );
+        assert_eq!(verdict.status, crate::model::health::Health::Degraded);
+        assert!(
+            verdict
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("state lost:") && r.contains(&name)),
+            "{verdict:?}"
+        );
+
+        let started = started_reason(SourceKind::Ebpf, "tp_btf", status.set_aside.as_deref());
+        assert!(
+            started.contains("state lost:") && started.contains(&name),
+            "{started}"
+        );
+        assert!(!started_reason(SourceKind::Ebpf, "tp_btf", None).contains("state lost"));
+
+        let workers = [WorkerSpec {
+            recover_after: Duration::from_secs(90),
+            ..WorkerSpec::host()
+        }];
+        let gate = action_gate(&outbox, &workers);
+        let why = gate.holds().unwrap();
+        assert!(why.contains("within 90s") && why.contains(&name), "{why}");
+        tokio::time::advance(Duration::from_secs(90)).await;
+        assert_eq!(gate.holds(), None);
     }
 }

@@ -99,6 +99,7 @@ pub(crate) fn overall(
     self_health::assess_outbox(
         outbox.persist_error.as_deref(),
         outbox.pending,
+        outbox.set_aside.as_deref(),
         &mut verdict,
     );
     for (name, silent) in stalled {

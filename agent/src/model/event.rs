@@ -115,11 +115,15 @@ pub enum OomConstraint {
 pub struct Event {
     /// Unique, assigned once: the same on every delivery attempt.
     pub id: String,
-    /// Per host, strictly increasing.
+    /// Strictly increasing within an epoch, never reused; gaps possible.
     pub seq: u64,
     /// When it happened (the kernel's time stamp for kernel events).
     pub time: DateTime<Utc>,
     pub host: String,
+    /// The outbox database the event is of (a UUIDv7): seqs are comparable
+    /// only within one epoch. Absent in events of builds before epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
     #[serde(flatten)]
     pub body: EventBody,
 }
@@ -243,6 +247,7 @@ mod tests {
                 .unwrap()
                 .into(),
             host: "node-1".into(),
+            epoch: None,
             body,
         };
         let json = serde_json::to_value(&event).unwrap();

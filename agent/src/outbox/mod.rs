@@ -1,7 +1,19 @@
 //! The outbox: every event is numbered and written to the state directory
 //! (SQLite, see store.rs) before anything reads or ships it.
 //!
-//! - `seq` is per host, strictly increasing, and survives restarts.
+//! - `seq` is per database, strictly increasing, and never handed out
+//!   twice, even across a crash: numbers are reserved in blocks of
+//!   [`SEQ_BLOCK`] persisted ahead (`reserved_seq` in the database) before
+//!   any of them is handed out, and an open goes on above the reservation.
+//!   A restart may so skip numbers (gaps); it never reuses one. When no
+//!   reservation can be persisted (disk full) and the reserved numbers are
+//!   used up, new events wait in memory **unnumbered** (seq 0, seen by no
+//!   reader or sink) until a reservation can be written, then get their
+//!   numbers in order: late, never twice.
+//! - Each database has an epoch (store.rs); every event carries it. A
+//!   corrupt database is set aside at open and a fresh one made (new
+//!   epoch, seqs from 1): [`Outbox::set_aside`] says what was, for
+//!   `/health`, `agent_started` and the sinks' action gate.
 //! - Bounded by count (`outbox_capacity`) and age (`outbox_max_age`), with
 //!   the policy [`DROP_POLICY`]: heartbeats go first, then normal events;
 //!   `oom_kill`, `worker_unhealthy` and `task_rejected` only when no event
@@ -29,6 +41,7 @@ use tracing::{info, warn};
 
 pub(crate) mod store;
 
+pub(crate) use self::store::Quarantined;
 use self::store::{Store, StoreError};
 use crate::{
     model::{
@@ -46,6 +59,11 @@ pub(crate) const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 pub(crate) const PENDING_CAPACITY: usize = 10_000;
 /// The name of the policy applied when a bound is reached.
 pub(crate) const DROP_POLICY: &str = "drop_low_priority_first";
+/// Seqs reserved (persisted) at a time; a new block is reserved once less
+/// than half of one is left. A restart skips at most this many numbers.
+pub(crate) const SEQ_BLOCK: u64 = 1024;
+/// The seq of an event held in memory before it could be numbered.
+const UNNUMBERED: u64 = 0;
 
 /// How big the outbox may grow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +87,12 @@ impl Default for Limits {
 /// A snapshot for `/health`, `/v1/status` and heartbeats.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct OutboxStatus {
+    /// The database's epoch: seqs are comparable only within one.
+    #[serde(default)]
+    pub epoch: String,
+    /// A corrupt database set aside at this start, and where it went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_aside: Option<String>,
     pub last_seq: u64,
     /// Events in the database.
     pub stored: u64,
@@ -94,15 +118,23 @@ pub struct Outbox {
     metrics: Metrics,
     /// The newest seq, for readers that wait for more (sinks, `events --follow`).
     newest: watch::Sender<u64>,
+    /// The database's epoch.
+    epoch: Arc<str>,
+    /// The corrupt database set aside when this one was opened.
+    set_aside: Option<Arc<Quarantined>>,
 }
 
 struct Inner {
     store: Store,
     limits: Limits,
     next_seq: u64,
+    /// The highest seq persisted as reserved in this run: numbers from
+    /// `next_seq` up to it may be handed out without writing.
+    reserved: u64,
     /// Rows in the store (kept here so appends need no COUNT).
     stored: u64,
-    /// Not yet written, oldest first; all newer than anything stored.
+    /// Not yet written, oldest first; all newer than anything stored. The
+    /// unnumbered ones (seq [`UNNUMBERED`]) are the newest.
     pending: VecDeque<Event>,
     persist_error: Option<String>,
     cursors: BTreeMap<String, u64>,
@@ -111,14 +143,54 @@ struct Inner {
 }
 
 impl Outbox {
-    /// Opens the durable outbox in `state_dir` (created when missing).
+    /// Opens the durable outbox in `state_dir` (created when missing). A
+    /// corrupt database is set aside (see store.rs), counted, and said in
+    /// an `event_quarantined` event and [`Outbox::set_aside`].
     pub fn open(
         state_dir: &Path,
         host: impl Into<Arc<str>>,
         limits: Limits,
         metrics: Metrics,
     ) -> Result<Self, StoreError> {
-        Self::with_store(Store::open(state_dir)?, host, limits, metrics)
+        let (store, set_aside) = Store::open(state_dir)?;
+        let mut outbox = Self::with_store(store, host, limits, metrics)?;
+        if let Some(q) = set_aside {
+            warn!(file = %q.file.display(), aside = %q.aside.display(), error = %q.error, epoch = %outbox.epoch, "the outbox database is corrupt: set aside, started afresh");
+            outbox
+                .metrics
+                .state_quarantined
+                .with_label_values(&["outbox"])
+                .inc();
+            let q = Arc::new(q);
+            outbox.set_aside = Some(Arc::clone(&q));
+            let mut body = EventBody::new(EventKind::EventQuarantined);
+            body.reason = Some(outbox.describe_set_aside(&q));
+            outbox.append(body, None);
+        }
+        Ok(outbox)
+    }
+
+    /// What was set aside, said for people (the `/health` reason).
+    fn describe_set_aside(&self, q: &Quarantined) -> String {
+        format!(
+            "the outbox database {} was corrupt ({}): set aside as {} (kept for inspection) and \
+             started afresh with epoch {}; the events, cursors and kept state of the last run are \
+             in that file only",
+            q.file.display(),
+            q.error,
+            q.aside.display(),
+            self.epoch
+        )
+    }
+
+    /// The corrupt database set aside when this outbox was opened, if any.
+    pub(crate) fn set_aside(&self) -> Option<&Quarantined> {
+        self.set_aside.as_deref()
+    }
+
+    /// The database's epoch: seqs of two epochs are not comparable.
+    pub fn epoch(&self) -> &str {
+        &self.epoch
     }
 
     /// An outbox in memory only, bounded to `capacity` events (tests).
@@ -137,13 +209,16 @@ impl Outbox {
         limits: Limits,
         metrics: Metrics,
     ) -> Result<Self, StoreError> {
+        // The last run may have handed out every number it reserved.
         let last = store.last_seq()?;
         let stored = store.count()?;
+        let epoch: Arc<str> = store.epoch().into();
         let outbox = Self {
             inner: Arc::new(Mutex::new(Inner {
                 store,
                 limits,
                 next_seq: last + 1,
+                reserved: last,
                 stored,
                 pending: VecDeque::new(),
                 persist_error: None,
@@ -153,6 +228,8 @@ impl Outbox {
             host: host.into(),
             metrics,
             newest: watch::channel(last).0,
+            epoch,
+            set_aside: None,
         };
         outbox.prune_expired(Utc::now());
         outbox.metrics.outbox_stored.set(stored as i64);
@@ -167,13 +244,13 @@ impl Outbox {
         let kind = body.kind;
         let event = {
             let mut inner = self.lock();
-            let seq = inner.next_seq;
-            inner.next_seq += 1;
+            let seq = self.take_seq(&mut inner);
             let event = Event {
                 id: uuid::Uuid::now_v7().to_string(),
                 seq,
                 time: time.unwrap_or_else(Utc::now),
                 host: self.host.to_string(),
+                epoch: Some(self.epoch.to_string()),
                 body,
             };
             inner.pending.push_back(event.clone());
@@ -187,8 +264,72 @@ impl Outbox {
             .events
             .with_label_values(&[kind.as_str()])
             .inc();
-        self.newest.send_replace(event.seq);
+        if event.seq != UNNUMBERED {
+            self.newest.send_replace(event.seq);
+        }
         event
+    }
+
+    /// The next seq, or [`UNNUMBERED`] while events wait unnumbered or no
+    /// reserved number is left (see the module docs).
+    fn take_seq(&self, inner: &mut Inner) -> u64 {
+        self.number_pending(inner);
+        if inner.pending.back().is_some_and(|e| e.seq == UNNUMBERED) || !self.reserve(inner, 1) {
+            return UNNUMBERED;
+        }
+        let seq = inner.next_seq;
+        inner.next_seq += 1;
+        seq
+    }
+
+    /// Makes sure `n` numbers from `next_seq` are reserved, persisting a
+    /// new block when less than half of one (beyond `n`) is left. False
+    /// when fewer than `n` are and no reservation can be written.
+    fn reserve(&self, inner: &mut Inner, n: u64) -> bool {
+        let left = (inner.reserved + 1).saturating_sub(inner.next_seq);
+        if left >= n + SEQ_BLOCK / 2 {
+            return true;
+        }
+        let until = inner.next_seq + n - 1 + SEQ_BLOCK;
+        match inner.store.reserve_seqs(until) {
+            Ok(()) => {
+                inner.reserved = until;
+                true
+            }
+            Err(error) => {
+                if left < n && inner.persist_error.is_none() {
+                    warn!(%error, "cannot reserve seqs; new events wait in memory unnumbered");
+                    inner.persist_error = Some(error.to_string());
+                }
+                left >= n
+            }
+        }
+    }
+
+    /// Numbers the events waiting unnumbered, in order, once numbers can
+    /// be reserved for them all.
+    fn number_pending(&self, inner: &mut Inner) {
+        let unnumbered = inner
+            .pending
+            .iter()
+            .rev()
+            .take_while(|e| e.seq == UNNUMBERED)
+            .count();
+        if unnumbered == 0 || !self.reserve(inner, unnumbered as u64) {
+            return;
+        }
+        let first = inner.pending.len() - unnumbered;
+        let mut seq = inner.next_seq;
+        for event in inner.pending.range_mut(first..) {
+            event.seq = seq;
+            seq += 1;
+        }
+        inner.next_seq = seq;
+        info!(
+            events = unnumbered,
+            "events held unnumbered in memory are numbered"
+        );
+        self.newest.send_replace(seq - 1);
     }
 
     /// Up to `limit` events with `seq > after`, oldest first.
@@ -211,6 +352,10 @@ impl Outbox {
                     .take(room)
                     .cloned(),
             );
+            // Rows written by a build before epochs are of this database.
+            for event in events.iter_mut().filter(|e| e.epoch.is_none()) {
+                event.epoch = Some(self.epoch.to_string());
+            }
             (events, set_aside)
         };
         // Said after the lock is let go: saying it appends.
@@ -272,6 +417,11 @@ impl Outbox {
     pub fn status(&self) -> OutboxStatus {
         let inner = self.lock();
         OutboxStatus {
+            epoch: self.epoch.to_string(),
+            set_aside: self
+                .set_aside
+                .as_deref()
+                .map(|q| self.describe_set_aside(q)),
             last_seq: inner.next_seq - 1,
             stored: inner.stored,
             pending: inner.pending.len() as u64,
@@ -382,8 +532,14 @@ impl Outbox {
     /// Tries to write every pending event and moved cursor; true when
     /// nothing is left unwritten.
     fn flush(&self, inner: &mut Inner) -> bool {
-        if !inner.pending.is_empty() {
-            let events: Vec<Event> = inner.pending.iter().cloned().collect();
+        self.number_pending(inner);
+        let numbered = inner
+            .pending
+            .iter()
+            .take_while(|e| e.seq != UNNUMBERED)
+            .count();
+        if numbered > 0 {
+            let events: Vec<Event> = inner.pending.iter().take(numbered).cloned().collect();
             let now_ms = Utc::now().timestamp_millis();
             let mut result = inner.store.insert(&events, now_ms);
             if result.is_err() && inner.store.checkpoint().is_ok() {
@@ -393,7 +549,7 @@ impl Outbox {
             match result {
                 Ok(()) => {
                     inner.stored += events.len() as u64;
-                    inner.pending.clear();
+                    inner.pending.drain(..numbered);
                     if inner.persist_error.take().is_some() {
                         info!(
                             events = events.len(),
@@ -453,10 +609,14 @@ impl Outbox {
     }
 
     /// Counts the events in `seqs` that some sink (or, without sinks, a
-    /// reader of `/v1/events`) had not received: those are lost.
+    /// reader of `/v1/events`) had not received: those are lost (an
+    /// unnumbered one always is).
     fn count_dropped(&self, inner: &Inner, seqs: &[u64], reason: &'static str) {
         let delivered_up_to = inner.cursors.values().copied().min().unwrap_or(0);
-        let lost = seqs.iter().filter(|&&s| s > delivered_up_to).count() as u64;
+        let lost = seqs
+            .iter()
+            .filter(|&&s| s == UNNUMBERED || s > delivered_up_to)
+            .count() as u64;
         if lost > 0 {
             warn!(lost, reason, policy = DROP_POLICY, "events dropped");
             self.metrics
@@ -473,7 +633,11 @@ impl Outbox {
 
 fn backlog(inner: &Inner, acked: u64) -> u64 {
     let stored = inner.store.count_after(acked).unwrap_or(0);
-    let pending = inner.pending.iter().filter(|e| e.seq > acked).count() as u64;
+    let pending = inner
+        .pending
+        .iter()
+        .filter(|e| e.seq == UNNUMBERED || e.seq > acked)
+        .count() as u64;
     stored + pending
 }
 

@@ -3,14 +3,27 @@
 //!
 //! Plain storage: numbering, bounds and what to do when a write fails are
 //! the outbox's business (outbox.rs).
+//!
+//! Every database has an **epoch** (a UUIDv7 made when the database is,
+//! or when a database of an older build is first opened): seqs of two
+//! databases are not comparable, the epoch says which database a seq is of.
+//!
+//! A database SQLite calls corrupt (at open, or `PRAGMA quick_check` right
+//! after) is **set aside**, not fatal: the file and its `-wal`/`-shm` are
+//! renamed `outbox.sqlite.corrupt-<unix seconds>` (with `-wal`/`-shm`
+//! after that, so `sqlite3` opens the set-aside copy whole) and a fresh
+//! database is made. Any other failure (permissions, a lock held by another
+//! agent) stays fatal.
 
 use std::{
     collections::BTreeMap,
+    ffi::OsString,
+    fs, io,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
-use rusqlite::{Connection, OptionalExtension as _, params};
+use rusqlite::{Connection, ErrorCode, OptionalExtension as _, params};
 
 use crate::model::{
     event::{Event, Priority},
@@ -58,6 +71,10 @@ CREATE TABLE IF NOT EXISTS unhealthy_workers (
     name TEXT PRIMARY KEY,
     json TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS meta_text (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 ";
 
 /// `meta` key of the highest seq ever stored: kept apart from the events
@@ -65,6 +82,11 @@ CREATE TABLE IF NOT EXISTS unhealthy_workers (
 const LAST_SEQ: &str = "last_seq";
 /// `meta` key set once OOM counters were saved at least once.
 const OOM_BASELINE: &str = "oom_baseline";
+/// `meta` key of the highest seq the outbox may hand out before it
+/// persists a new reservation (see the outbox's numbering).
+const RESERVED_SEQ: &str = "reserved_seq";
+/// `meta_text` key of the database's epoch.
+const EPOCH: &str = "epoch";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -80,6 +102,21 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("the outbox database {path} is corrupt and cannot be set aside")]
+    SetAside {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the outbox database {path} was corrupt and set aside as {aside}, and the fresh one \
+         made in its place is corrupt at once ({error}): the disk is failing"
+    )]
+    FreshCorrupt {
+        path: PathBuf,
+        aside: PathBuf,
+        error: String,
+    },
     #[error(transparent)]
     Sql(#[from] rusqlite::Error),
     #[error("stored event does not parse: {0}")]
@@ -91,38 +128,79 @@ pub(crate) type SetAside = (u64, String);
 
 pub(crate) struct Store {
     conn: Connection,
+    epoch: String,
+}
+
+/// A corrupt database that [`Store::open`] set aside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Quarantined {
+    /// Where the database was.
+    pub(crate) file: PathBuf,
+    /// Where it is now (its `-wal`/`-shm`, when there were any, beside it).
+    pub(crate) aside: PathBuf,
+    /// What SQLite said.
+    pub(crate) error: String,
+}
+
+/// Why a database could not be opened.
+enum OpenFailure {
+    /// SQLite says the file is not a sound database: set it aside.
+    Corrupt(String),
+    /// Anything else (permissions, a lock, a full disk): fatal.
+    Other(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for OpenFailure {
+    fn from(error: rusqlite::Error) -> Self {
+        match error.sqlite_error_code() {
+            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+                Self::Corrupt(error.to_string())
+            }
+            _ => Self::Other(error),
+        }
+    }
 }
 
 impl Store {
     /// Opens (creating when needed) `dir/outbox.sqlite`, and `dir` itself.
-    pub(crate) fn open(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+    /// A corrupt database is set aside and a fresh one made: what was set
+    /// aside is the second value.
+    pub(crate) fn open(dir: &Path) -> Result<(Self, Option<Quarantined>), StoreError> {
+        fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
             path: dir.to_path_buf(),
             source,
         })?;
         let path = dir.join(FILE_NAME);
-        let open = |path: &Path| -> rusqlite::Result<Connection> {
-            let conn = Connection::open(path)?;
-            conn.busy_timeout(BUSY_TIMEOUT)?;
-            let mode: String =
-                conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-            if !mode.eq_ignore_ascii_case("wal") {
-                return Err(rusqlite::Error::InvalidParameterName(format!(
-                    "journal_mode is {mode}, WAL refused"
-                )));
-            }
-            // FULL: a committed event survives a power loss, not only a crash
-            // of the agent. Events are few (OOM kills, heartbeats); see
-            // docs/benchmarks.md for what it costs.
-            conn.pragma_update(None, "synchronous", "FULL")?;
-            conn.execute_batch(SCHEMA)?;
-            Ok(conn)
-        };
-        let conn = open(&path).map_err(|source| StoreError::Open {
-            path: path.clone(),
+        let fatal = |path: &Path, source| StoreError::Open {
+            path: path.to_path_buf(),
             source,
-        })?;
-        Ok(Self { conn })
+        };
+        match connect(&path) {
+            Ok(store) => Ok((store, None)),
+            Err(OpenFailure::Other(source)) => Err(fatal(&path, source)),
+            Err(OpenFailure::Corrupt(error)) => {
+                let aside = set_aside(&path).map_err(|source| StoreError::SetAside {
+                    path: path.clone(),
+                    source,
+                })?;
+                let store = connect(&path).map_err(|failure| match failure {
+                    OpenFailure::Other(source) => fatal(&path, source),
+                    OpenFailure::Corrupt(error) => StoreError::FreshCorrupt {
+                        path: path.clone(),
+                        aside: aside.clone(),
+                        error,
+                    },
+                })?;
+                Ok((
+                    store,
+                    Some(Quarantined {
+                        file: path,
+                        aside,
+                        error,
+                    }),
+                ))
+            }
+        }
     }
 
     /// A store that lives in memory only (tests, and callers that need no
@@ -130,21 +208,44 @@ impl Store {
     pub(crate) fn in_memory() -> Result<Self, StoreError> {
         let conn = Connection::open_in_memory()?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Self { conn })
+        let epoch = ensure_epoch(&conn)?;
+        Ok(Self { conn, epoch })
     }
 
-    /// The highest seq ever stored (0 for a new file).
+    /// The database's epoch (a UUIDv7), made with it or at its first open
+    /// by a build that knows epochs.
+    pub(crate) fn epoch(&self) -> &str {
+        &self.epoch
+    }
+
+    /// The highest seq that may have been handed out: the highest ever
+    /// stored, or reserved (0 for a new file).
     pub(crate) fn last_seq(&self) -> Result<u64, StoreError> {
         let meta: Option<i64> = self
             .conn
-            .query_row("SELECT value FROM meta WHERE key = ?1", [LAST_SEQ], |r| {
-                r.get(0)
-            })
-            .optional()?;
+            .query_row(
+                "SELECT MAX(value) FROM meta WHERE key IN (?1, ?2)",
+                [LAST_SEQ, RESERVED_SEQ],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
         let rows: Option<i64> = self
             .conn
             .query_row("SELECT MAX(seq) FROM events", [], |r| r.get(0))?;
         Ok(meta.unwrap_or(0).max(rows.unwrap_or(0)) as u64)
+    }
+
+    /// Persists that seqs up to `until` may be handed out: an open after a
+    /// crash goes on above it, so a seq handed out is never handed out
+    /// again, whether its event was written or not.
+    pub(crate) fn reserve_seqs(&self, until: u64) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
+            params![RESERVED_SEQ, until as i64],
+        )?;
+        Ok(())
     }
 
     /// Stores `events` (in seq order) in one transaction: all or none.
@@ -484,6 +585,93 @@ impl Store {
             .pragma_update(None, "max_page_count", pages as i64)
             .unwrap();
     }
+
+    /// Makes every write fail (SQLITE_READONLY), reservations included,
+    /// as a full disk does (a write that fits in the database's pages
+    /// still succeeds under [`Store::limit_pages`]).
+    pub(crate) fn refuse_writes(&self, refuse: bool) {
+        self.conn.pragma_update(None, "query_only", refuse).unwrap();
+    }
+}
+
+/// Opens `path` as the outbox database: WAL, `synchronous=FULL`, checked
+/// (`PRAGMA quick_check`), its schema made or brought up to date, its
+/// epoch made when it has none.
+fn connect(path: &Path) -> Result<Store, OpenFailure> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(OpenFailure::Other(rusqlite::Error::InvalidParameterName(
+            format!("journal_mode is {mode}, WAL refused"),
+        )));
+    }
+    // Reads every page of the file once (not the indexes' agreement with
+    // the tables, which `integrity_check` adds): on a full outbox (100,000
+    // events, 50-137 MiB) 45-130 ms with the file in the page cache, 0.6-2 s
+    // from a cold disk (docs/delivery.md). A page SQLite cannot read would
+    // otherwise fail some later read or write, and the agent with it.
+    let check: String = conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0))?;
+    if check != "ok" {
+        return Err(OpenFailure::Corrupt(format!("quick_check: {check}")));
+    }
+    // FULL: a committed event survives a power loss, not only a crash
+    // of the agent. Events are few (OOM kills, heartbeats); see
+    // docs/benchmarks.md for what it costs.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(SCHEMA)?;
+    let epoch = ensure_epoch(&conn)?;
+    Ok(Store { conn, epoch })
+}
+
+/// The database's epoch, made (and stored) when it has none: a new
+/// database, or one of a build before epochs (its seqs are kept as they are).
+fn ensure_epoch(conn: &Connection) -> rusqlite::Result<String> {
+    conn.execute(
+        "INSERT INTO meta_text (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
+        params![EPOCH, uuid::Uuid::now_v7().to_string()],
+    )?;
+    conn.query_row("SELECT value FROM meta_text WHERE key = ?1", [EPOCH], |r| {
+        r.get(0)
+    })
+}
+
+/// Renames the database `path` and its `-wal`/`-shm` aside as
+/// `<name>.corrupt-<unix seconds>` (`-wal`/`-shm` appended to that), the
+/// companions first: a fresh database must never meet an old log. Returns
+/// the new name of the database file.
+fn set_aside(path: &Path) -> io::Result<PathBuf> {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".corrupt-{secs}"));
+    let mut aside = path.with_file_name(&name);
+    let mut n = 1;
+    while fs::symlink_metadata(&aside).is_ok() {
+        let mut numbered = name.clone();
+        numbered.push(format!(".{n}"));
+        aside = path.with_file_name(numbered);
+        n += 1;
+    }
+    let with = |path: &Path, suffix: &str| {
+        let mut name = OsString::from(path.as_os_str());
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    for suffix in ["-wal", "-shm"] {
+        match fs::rename(with(path, suffix), with(&aside, suffix)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    fs::rename(path, &aside)?;
+    if let Some(dir) = path.parent() {
+        // The renames survive a power loss before the fresh database's
+        // first commit.
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(aside)
 }
 
 fn select_seqs(

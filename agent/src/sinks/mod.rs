@@ -55,6 +55,58 @@ pub(crate) fn stale(health: &WorkerHealth, worker: &str) -> Option<String> {
     }
 }
 
+/// Holds scheduler actions back for a while after the agent lost its
+/// stored state (a corrupt outbox database set aside at start): the tasks
+/// and unhealthy workers the last run kept are gone, so until one
+/// `recover_after` has passed the watchdog's verdicts are not yet to be
+/// acted on (a task's memory may look like a worker's residual memory).
+/// The one gate every scheduler sink (Dask, Slurm) asks before it acts.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ActionGate {
+    closed: Option<Arc<Closed>>,
+}
+
+#[derive(Debug)]
+struct Closed {
+    /// Why: what was set aside.
+    what: String,
+    until: tokio::time::Instant,
+    window: std::time::Duration,
+}
+
+impl ActionGate {
+    /// A gate that never holds anything back.
+    pub(crate) fn open() -> Self {
+        Self::default()
+    }
+
+    /// Holds actions back for `window` from now, because of `what`.
+    pub(crate) fn closed_for(window: std::time::Duration, what: String) -> Self {
+        Self {
+            closed: Some(Arc::new(Closed {
+                what,
+                until: tokio::time::Instant::now() + window,
+                window,
+            })),
+        }
+    }
+
+    /// Why acting now would be premature; `None` once the window passed.
+    pub(crate) fn holds(&self) -> Option<String> {
+        let closed = self.closed.as_deref()?;
+        let left = closed
+            .until
+            .checked_duration_since(tokio::time::Instant::now())
+            .filter(|left| !left.is_zero())?;
+        Some(format!(
+            "no scheduler action within {}s of a start that lost the agent's state ({}); {}s left",
+            closed.window.as_secs(),
+            closed.what,
+            left.as_secs().max(1)
+        ))
+    }
+}
+
 /// Records an event a sink makes itself (`guard_blocked`,
 /// `action_refused`, `action_skipped`).
 pub(crate) fn report(
@@ -88,6 +140,8 @@ pub struct SinkContext {
     pub names: SchedulerNames,
     /// Each worker's health now.
     pub(crate) health: WorkerHealth,
+    /// Whether scheduler actions are held back (after a state loss).
+    pub(crate) gate: ActionGate,
     /// Where the sinks' loops say they make progress.
     pub(crate) liveness: Liveness,
 }

@@ -45,6 +45,7 @@ pub(crate) const SINK_FAILURES_TOTAL: &str = "memwatch_sink_failures_total";
 pub(crate) const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
 pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_total";
 pub(crate) const API_CONNECTIONS_REFUSED_TOTAL: &str = "memwatch_api_connections_refused_total";
+pub(crate) const STATE_QUARANTINED_TOTAL: &str = "memwatch_state_quarantined_total";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
 pub(crate) fn init_logging(default_level: &str) {
@@ -114,6 +115,9 @@ pub struct Metrics {
     /// API connections closed at once because the listener had as many
     /// open as it may, by listener (`tcp`, `unix`).
     pub api_connections_refused: IntCounterVec,
+    /// Stored state set aside because it was corrupt, by what
+    /// (`outbox`: the whole database; `slurm`: a Slurm sink's state file).
+    pub state_quarantined: IntCounterVec,
 }
 
 impl Metrics {
@@ -142,6 +146,7 @@ impl Metrics {
             Box::new(self.outbox_unpersisted.clone()),
             Box::new(self.sink_delivered.clone()),
             Box::new(self.sink_retries.clone()),
+            Box::new(self.state_quarantined.clone()),
             Box::new(self.sink_failures.clone()),
             Box::new(self.sink_backlog.clone()),
             Box::new(self.scheduler_actions.clone()),
@@ -297,6 +302,11 @@ impl Metrics {
                 API_CONNECTIONS_REFUSED_TOTAL,
                 "API connections closed at once: the listener had as many open as it may.",
                 &["listener"],
+            )?,
+            state_quarantined: counter(
+                STATE_QUARANTINED_TOTAL,
+                "Stored state set aside because it was corrupt.",
+                &["what"],
             )?,
         };
         for collector in metrics.collectors() {

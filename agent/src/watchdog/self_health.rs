@@ -89,8 +89,19 @@ pub(crate) fn assess(probe: &ProbeState, now: Instant) -> Verdict {
 
 /// Adds the outbox's part: a state directory that cannot be written
 /// (`persist_error`) makes the agent `degraded`: `pending` events wait in
-/// memory and die with the process.
-pub(crate) fn assess_outbox(persist_error: Option<&str>, pending: u64, verdict: &mut Verdict) {
+/// memory and die with the process. A corrupt database set aside at start
+/// (`set_aside`, saying what and where) keeps it `degraded` until the
+/// agent restarts: the last run's events and kept state are lost to it,
+/// which an operator should see, not miss between two scrapes.
+pub(crate) fn assess_outbox(
+    persist_error: Option<&str>,
+    pending: u64,
+    set_aside: Option<&str>,
+    verdict: &mut Verdict,
+) {
+    if let Some(what) = set_aside {
+        verdict.add(Health::Degraded, format!("state lost: {what}"));
+    }
     if let Some(error) = persist_error {
         verdict.add(
             Health::Degraded,
@@ -106,15 +117,34 @@ mod tests {
     #[test]
     fn unwritable_state_directory_is_degraded_with_reason() {
         let mut verdict = Verdict::healthy();
-        assess_outbox(None, 3, &mut verdict);
+        assess_outbox(None, 3, None, &mut verdict);
         assert_eq!(verdict, Verdict::healthy());
-        assess_outbox(Some("database or disk is full"), 7, &mut verdict);
+        assess_outbox(Some("database or disk is full"), 7, None, &mut verdict);
         assert_eq!(verdict.status, Health::Degraded);
         assert_eq!(
             verdict.reasons,
             [
                 "state directory not writable (database or disk is full): 7 events held in memory only"
             ]
+        );
+    }
+
+    #[test]
+    fn a_database_set_aside_is_degraded_naming_it() {
+        let mut verdict = Verdict::healthy();
+        assess_outbox(
+            None,
+            0,
+            Some(
+                "the outbox database /s/outbox.sqlite was corrupt (…): set aside as /s/outbox.sqlite.corrupt-1",
+            ),
+            &mut verdict,
+        );
+        assert_eq!(verdict.status, Health::Degraded);
+        assert!(
+            verdict.reasons[0].starts_with("state lost: the outbox database")
+                && verdict.reasons[0].contains("outbox.sqlite.corrupt-1"),
+            "{verdict:?}"
         );
     }
 

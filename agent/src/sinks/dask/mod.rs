@@ -38,7 +38,7 @@ use crate::{
     },
     record::Recorder,
     sinks::{
-        SinkContext, Start, WorkerHealth,
+        ActionGate, SinkContext, Start, WorkerHealth,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
         guard::Capacity,
@@ -62,6 +62,8 @@ impl Start for DaskConfig {
             ctx.health.clone(),
         )
         .with_context(|| format!("Dask sink {}", self.name))?;
+        let mut sink = sink;
+        sink.gate = ctx.gate.clone();
         Ok(vec![
             ctx.spawn_delivery(sink),
             tokio::spawn(refresh_names(
@@ -81,6 +83,10 @@ pub(crate) struct DaskSink {
     recorder: Recorder,
     names: SchedulerNames,
     health: WorkerHealth,
+    /// Whether actions are held back after a state loss.
+    gate: ActionGate,
+    /// memwatch workers whose retirement the gate held back, said once.
+    gated: BTreeSet<String>,
     /// memwatch workers that are unhealthy and not retired yet.
     pending: BTreeSet<String>,
     /// memwatch workers retired in their current unhealthy episode.
@@ -107,6 +113,8 @@ impl DaskSink {
             recorder,
             names,
             health,
+            gate: ActionGate::open(),
+            gated: BTreeSet::new(),
             pending: BTreeSet::new(),
             done: BTreeSet::new(),
             blocked: BTreeSet::new(),
@@ -150,6 +158,7 @@ impl DaskSink {
         self.pending.remove(worker);
         self.done.remove(worker);
         self.blocked.remove(worker);
+        self.gated.remove(worker);
     }
 
     /// Every worker the scheduler lists, with its status
@@ -203,19 +212,32 @@ impl DaskSink {
     /// scheduler's present view (shared by every host's agent: a worker
     /// retiring by anyone's doing counts as gone).
     async fn retire_pending(&mut self) -> Result<(), SendError> {
-        // Agents of several hosts whose workers turned unhealthy together
-        // would otherwise read the same view in the same moment: a spread
-        // narrows that race (docs/dask.md says what remains of it).
-        tokio::time::sleep(jitter(RETIRE_JITTER)).await;
-        let mut mapped = self.dask_workers().await?;
         for worker in self.pending.clone() {
             if let Some(why) = stale(&self.health, &worker) {
                 info!(sink = %self.config.name, %worker, %why, "retirement skipped");
                 self.pending.remove(&worker);
                 self.blocked.remove(&worker);
                 self.report(EventKind::ActionSkipped, &worker, &[], &why);
-                continue;
             }
+        }
+        if let Some(why) = self.gate.holds() {
+            // Kept pending: tried again at a later batch, past the window.
+            for worker in self.pending.clone() {
+                if self.gated.insert(worker.clone()) {
+                    info!(sink = %self.config.name, %worker, %why, "retirement held back");
+                    self.report(EventKind::ActionSkipped, &worker, &[], &format!(
+                        "Dask worker(s) of {worker} not retired yet: {why}; retired after that if the worker is still unhealthy"
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        // Agents of several hosts whose workers turned unhealthy together
+        // would otherwise read the same view in the same moment: a spread
+        // narrows that race (docs/dask.md says what remains of it).
+        tokio::time::sleep(jitter(RETIRE_JITTER)).await;
+        let mut mapped = self.dask_workers().await?;
+        for worker in self.pending.clone() {
             let (addresses, running) = retirable(&mapped, &worker);
             if addresses.is_empty() {
                 debug!(sink = %self.config.name, %worker, "no Dask worker of this worker is in the cluster");

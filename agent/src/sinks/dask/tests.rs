@@ -147,6 +147,7 @@ fn event(seq: u64, kind: EventKind, worker: Option<&str>, state: Option<Value>) 
         seq,
         time: Utc::now(),
         host: "h".into(),
+        epoch: None,
         body,
     }
 }
@@ -450,4 +451,47 @@ async fn a_retirement_without_an_answer_is_judged_from_the_statuses() {
             assert!(sink.pending.contains("w1"), "tried again later");
         }
     }
+}
+
+/// After a start that set the outbox database aside, retirements wait one
+/// window (paused clock): skipped with one `action_skipped` and no call to
+/// the scheduler, then done at the first batch past it.
+#[tokio::test]
+async fn retirements_wait_out_the_gate_after_a_state_loss() {
+    tokio::time::pause();
+    let fake = two_workers();
+    fake.workers
+        .lock()
+        .unwrap()
+        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    let url = serve(fake.clone()).await;
+    let outbox = outbox();
+    let mut sink = sink(&url, &outbox);
+    sink.gate = crate::sinks::ActionGate::closed_for(
+        Duration::from_secs(30),
+        "the outbox database was corrupt and set aside as /s/outbox.sqlite.corrupt-1".into(),
+    );
+    sink.send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(29)).await;
+    sink.send(&[heartbeat(2, &["w1"])]).await.unwrap();
+    assert!(fake.retired.lock().unwrap().is_empty());
+    let skipped = of_kind(&outbox, EventKind::ActionSkipped);
+    assert_eq!(skipped.len(), 1, "said once: {skipped:?}");
+    let reason = skipped[0].body.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("not retired yet: no scheduler action within 30s")
+            && reason.contains("outbox.sqlite.corrupt-1"),
+        "{reason}"
+    );
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The fake scheduler is real HTTP: real time from here on.
+    tokio::time::resume();
+    sink.send(&[heartbeat(3, &["w1"])]).await.unwrap();
+    assert_eq!(
+        *fake.retired.lock().unwrap(),
+        [vec!["tcp://192.0.2.1:1".to_string()]]
+    );
 }

@@ -44,7 +44,7 @@ use crate::{
     model::event::{Event, EventKind},
     record::Recorder,
     sinks::{
-        SinkContext, Start, WorkerHealth,
+        ActionGate, SinkContext, Start, WorkerHealth,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
         report, stale,
@@ -72,6 +72,10 @@ struct SlurmState {
     requeues: BTreeMap<u64, u32>,
     /// Highest event seq acted on.
     last_seq: u64,
+    /// The outbox epoch `last_seq` is of (absent in files of builds before
+    /// epochs): under another epoch it means nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    epoch: Option<String>,
 }
 
 impl Start for SlurmConfig {
@@ -96,7 +100,8 @@ impl Start for SlurmConfig {
             )
         })?;
         let mut sink = sink;
-        sink.align(ctx.outbox.status().last_seq);
+        sink.gate = ctx.gate.clone();
+        sink.align(ctx.outbox.status().last_seq, ctx.outbox.epoch());
         Ok(vec![ctx.spawn_delivery(sink)])
     }
 }
@@ -109,6 +114,10 @@ pub(crate) struct SlurmSink {
     state: SlurmState,
     recorder: Recorder,
     health: WorkerHealth,
+    /// Whether actions are held back after a state loss.
+    gate: ActionGate,
+    /// Workers whose drain the gate held back, said once.
+    gated: BTreeSet<String>,
     /// Unhealthy workers whose node is not drained (the guard kept it, or
     /// a concurrent drain elsewhere undid ours): tried again at every
     /// heartbeat that still says so.
@@ -139,6 +148,11 @@ impl SlurmSink {
                         chrono::Utc::now().format("%Y%m%dT%H%M%S")
                     ));
                     fs::rename(&path, &aside)?;
+                    recorder
+                        .metrics()
+                        .state_quarantined
+                        .with_label_values(&["slurm"])
+                        .inc();
                     warn!(sink = %config.name, %error, aside = %aside.display(), "the Slurm sink's state does not parse: set aside");
                     report(
                         &recorder,
@@ -165,6 +179,8 @@ impl SlurmSink {
             state,
             recorder,
             health,
+            gate: ActionGate::open(),
+            gated: BTreeSet::new(),
             pending: BTreeSet::new(),
             blocked: BTreeSet::new(),
             settle: GUARD_SETTLE,
@@ -185,14 +201,18 @@ impl SlurmSink {
         })
     }
 
-    /// An outbox that numbers from below what this sink handled was made
-    /// anew (its database set aside or removed): its events are new ones,
-    /// not to be skipped as done.
-    fn align(&mut self, outbox_last_seq: u64) {
-        if outbox_last_seq < self.state.last_seq {
-            warn!(sink = %self.config.name, handled = self.state.last_seq, outbox = outbox_last_seq, "the outbox was made anew: its events are handled from its start");
+    /// The seq this sink handled last is of one outbox database (its
+    /// epoch): an outbox of another epoch was made anew (its database set
+    /// aside or removed), and its events are new ones, not to be skipped as
+    /// done. A state file of a build before epochs says none: an outbox
+    /// that numbers from below what it handled is taken as new.
+    fn align(&mut self, outbox_last_seq: u64, epoch: &str) {
+        let other_epoch = self.state.epoch.as_deref().is_some_and(|e| e != epoch);
+        if other_epoch || outbox_last_seq < self.state.last_seq {
+            warn!(sink = %self.config.name, handled = self.state.last_seq, handled_epoch = self.state.epoch.as_deref().unwrap_or("-"), outbox = outbox_last_seq, %epoch, "the outbox was made anew: its events are handled from its start");
             self.state.last_seq = 0;
         }
+        self.state.epoch = Some(epoch.to_string());
     }
 
     fn node_of(&self, worker: &str) -> String {
@@ -226,6 +246,7 @@ impl SlurmSink {
             (EventKind::WorkerRecovered, Some(w)) if self.config.drain => {
                 self.pending.remove(w);
                 self.blocked.remove(w);
+                self.gated.remove(w);
                 self.resume(w).await
             }
             (EventKind::Heartbeat, _) if self.config.drain => self.retry_pending(event).await,
@@ -246,7 +267,20 @@ impl SlurmSink {
                         );
                         Ok(())
                     }
-                    Some(job) => self.requeue(job).await,
+                    Some(job) => match self.gate.holds() {
+                        Some(why) => {
+                            self.count("skipped");
+                            report(
+                                &self.recorder,
+                                EventKind::ActionSkipped,
+                                worker,
+                                None,
+                                format!("job {job} not requeued: {why}"),
+                            );
+                            Ok(())
+                        }
+                        None => self.requeue(job).await,
+                    },
                     None => Ok(()),
                 }
             }
@@ -288,6 +322,24 @@ impl SlurmSink {
                 Some(&node),
                 why,
             );
+            return Ok(());
+        }
+        if let Some(why) = self.gate.holds() {
+            // Tried again at every heartbeat that still says unhealthy.
+            self.pending.insert(worker.to_string());
+            if self.gated.insert(worker.to_string()) {
+                info!(sink = %self.config.name, %node, %worker, %why, "drain held back");
+                self.count("skipped");
+                report(
+                    &self.recorder,
+                    EventKind::ActionSkipped,
+                    Some(worker),
+                    Some(&node),
+                    format!(
+                        "node {node} not drained yet: {why}; drained after that if the worker is still unhealthy"
+                    ),
+                );
+            }
             return Ok(());
         }
         let all = self.nodes().await?;

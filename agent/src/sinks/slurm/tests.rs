@@ -6,7 +6,7 @@ use super::*;
 use crate::{
     model::{event::EventBody, health::Health},
     outbox::Outbox,
-    sinks::guard::Guard,
+    sinks::{ActionGate, guard::Guard},
     telemetry::Metrics,
 };
 
@@ -147,6 +147,7 @@ impl Fixture {
             seq: self.seq,
             time: Utc::now(),
             host: "h".into(),
+            epoch: None,
             body,
         }
     }
@@ -396,8 +397,9 @@ async fn an_outbox_made_anew_is_not_skipped_as_done() {
     let late = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
     sink.send(&[late]).await.unwrap();
     assert_eq!(sink.state.last_seq, 101);
-    // The outbox restarted from 0 (its database set aside).
-    sink.align(3);
+    // The outbox restarted from 0 (its database set aside); a state file
+    // of a build before epochs knows no epoch: the seq going back says it.
+    sink.align(3, "epoch-b");
     fs::remove_file(fx.dir.path().join("drained-n1")).unwrap();
     sink.state.drained.clear();
     fx.seq = 3;
@@ -429,4 +431,107 @@ async fn a_state_file_that_does_not_parse_is_set_aside_not_fatal() {
     assert!(fx.dir.path().join("drained-n1").exists());
     let saved = fs::read(fx.dir.path().join("slurm-slurm-1.json")).unwrap();
     serde_json::from_slice::<serde_json::Value>(&saved).unwrap();
+}
+
+#[tokio::test]
+async fn a_state_of_another_outbox_epoch_is_realigned() {
+    let mut fx = Fixture::new();
+    {
+        let mut sink = fx.sink();
+        sink.align(0, "epoch-a");
+        fx.seq = 100;
+        let late = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+        sink.send(&[late]).await.unwrap();
+    }
+    let saved: serde_json::Value =
+        serde_json::from_slice(&fs::read(fx.dir.path().join("slurm-slurm-1.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (saved["last_seq"].as_u64(), saved["epoch"].as_str()),
+        (Some(101), Some("epoch-a")),
+        "the seq is kept with its epoch"
+    );
+
+    // Same epoch: seq 101 stays done, whatever the outbox's last seq.
+    let mut same = fx.sink();
+    same.align(500, "epoch-a");
+    assert_eq!(same.state.last_seq, 101);
+
+    // Another epoch that numbers *above* 101 already (the seq heuristic
+    // alone would skip its events up to 101 as done): realigned.
+    let mut sink = fx.sink();
+    sink.align(200, "epoch-b");
+    assert_eq!(sink.state.last_seq, 0, "seq 101 of epoch-a means nothing");
+    fs::remove_file(fx.dir.path().join("drained-n1")).unwrap();
+    sink.state.drained.clear();
+    fx.seq = 4;
+    let new = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[new]).await.unwrap();
+    assert!(
+        fx.dir.path().join("drained-n1").exists(),
+        "seq 5 of epoch-b acted on"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_slice(&fs::read(fx.dir.path().join("slurm-slurm-1.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (saved["last_seq"].as_u64(), saved["epoch"].as_str()),
+        (Some(5), Some("epoch-b"))
+    );
+}
+
+/// After a start that set the outbox database aside, drains wait one
+/// window (paused clock): skipped with one `action_skipped`, then done at
+/// the first heartbeat past it that still says unhealthy.
+#[tokio::test]
+async fn drains_and_requeues_wait_out_the_gate_after_a_state_loss() {
+    tokio::time::pause();
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    sink.gate = ActionGate::closed_for(
+        Duration::from_secs(30),
+        "the outbox database was corrupt and set aside as /s/outbox.sqlite.corrupt-1".into(),
+    );
+    let unhealthy = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[unhealthy]).await.unwrap();
+    let kill = fx.event(EventKind::OomKill, "w1", |b| {
+        b.cgroup = Some("/sys/fs/cgroup/memory/slurm/uid_0/job_42/step_0".into());
+    });
+    sink.send(&[kill]).await.unwrap();
+    tokio::time::advance(Duration::from_secs(29)).await;
+    let beat = fx.heartbeat(&["w1"]);
+    sink.send(&[beat]).await.unwrap();
+    assert!(
+        fx.calls().is_empty(),
+        "nothing asked of Slurm: {:?}",
+        fx.calls()
+    );
+    let skipped = of_kind(&sink, EventKind::ActionSkipped);
+    assert_eq!(
+        skipped.len(),
+        2,
+        "one drain, one requeue, said once: {skipped:?}"
+    );
+    let reasons: Vec<&str> = skipped
+        .iter()
+        .map(|e| e.body.reason.as_deref().unwrap())
+        .collect();
+    assert!(
+        reasons[0].starts_with("node n1 not drained yet: no scheduler action within 30s")
+            && reasons[0].contains("outbox.sqlite.corrupt-1"),
+        "{reasons:?}"
+    );
+    assert!(reasons[1].starts_with("job 42 not requeued"), "{reasons:?}");
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The fake scontrol is a real process: real time from here on.
+    tokio::time::resume();
+    let beat = fx.heartbeat(&["w1"]);
+    sink.send(&[beat]).await.unwrap();
+    assert!(
+        fx.dir.path().join("drained-n1").exists(),
+        "drained once the window passed: {:?}",
+        fx.calls()
+    );
+    assert_eq!(of_kind(&sink, EventKind::ActionSkipped).len(), 2);
 }
