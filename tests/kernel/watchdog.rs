@@ -25,6 +25,16 @@ fn time_scale() -> f64 {
         .unwrap_or(1.0)
 }
 
+/// What a kernel-path event must beat, per unit of time scale: far below
+/// the 60 s sampling interval these tests set, so only the kernel's growth
+/// line can be this quick, and far above what it takes (1–25 ms on
+/// hardware, 55–430 ms in a loaded TCG VM): the bound proves which path
+/// reported the crossing, not how fast. How fast is a benchmark's figure
+/// (`cargo xtask bench delay`, docs/benchmarks.md), measured side by side
+/// on a quiet machine; a 50 ms bound here failed a loaded CI run (430 ms
+/// in the 6.12 VM, ×4 emulation).
+const KERNEL_PATH_BOUND_MS: f64 = 1000.0;
+
 /// Starts `memhog MIB 120` inside `cgroup` and waits until the cgroup holds
 /// at least `MIB - 10` MiB (bounded); memhog is killed on drop.
 fn hog_in(cgroup: &TestCgroup, mib: u64) -> Guarded {
@@ -384,8 +394,8 @@ async fn a_cgroup_matching_a_rule_is_a_task_the_moment_it_appears() {
 }
 
 #[tokio::test]
-async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
-    if !kernel_tests_enabled("a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms") {
+async fn a_soft_cap_crossing_is_seen_by_the_kernel_not_the_sampler() {
+    if !kernel_tests_enabled("a_soft_cap_crossing_is_seen_by_the_kernel_not_the_sampler") {
         return;
     }
     // Sampling once a minute: only the kernel's growth program can be quick.
@@ -400,7 +410,7 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
     let (mark_ns, pace_ns_per_mib) =
         exec_memhog_with_mark_and_pace(&agent.base_url, "64M", "t-k", 128, 60);
     let crossing = agent
-        .wait_for_event(Duration::from_secs(2), "soft_cap_exceeded", |e| {
+        .wait_for_event(Duration::from_secs(30), "soft_cap_exceeded", |e| {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-k")
         })
         .await;
@@ -415,7 +425,7 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_within_50_ms() {
          (memhog's own 60 → 64 MiB: {workload_ms:.1} ms; time scale {scale})"
     );
     assert!(
-        delay_ms - workload_ms < 50.0 * scale,
+        delay_ms - workload_ms < KERNEL_PATH_BOUND_MS * scale,
         "soft_cap_exceeded {delay_ms:.1} ms after the allocation crossed the cap \
          ({workload_ms:.1} ms of it memhog's own way there; time scale {scale})"
     );
@@ -441,7 +451,7 @@ async fn a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once() {
     // is crossed in the last ~2 MiB before the task leaves the CPU.
     let mark_ns = exec_memhog_with_mark(&agent.base_url, "64M", "t-z", 66, 63);
     let crossing = agent
-        .wait_for_event(Duration::from_secs(2), "soft_cap_exceeded", |e| {
+        .wait_for_event(Duration::from_secs(30), "soft_cap_exceeded", |e| {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-z")
         })
         .await;
@@ -452,9 +462,14 @@ async fn a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once() {
          (time scale {scale})"
     );
     assert!(
-        delay_ms < 50.0 * scale,
+        delay_ms < KERNEL_PATH_BOUND_MS * scale,
         "soft_cap_exceeded {delay_ms:.1} ms after the allocation crossed the cap \
          (time scale {scale})"
+    );
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        metrics.contains("memwatch_growth_lines_total{line=\"above_cap\"}"),
+        "the kernel's line reported it: {metrics}"
     );
 }
 
