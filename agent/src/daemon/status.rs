@@ -40,7 +40,13 @@ pub(crate) struct AgentStatus {
     pub health: Verdict,
     pub workers: Vec<WorkerView>,
     pub tasks: Vec<TaskView>,
+    /// Recently finished tasks, newest last. In a heartbeat: only those
+    /// finished since the previous heartbeat.
     pub finished_tasks: Vec<TaskView>,
+    /// Tasks finished since the agent started (a heartbeat's receiver sees
+    /// from it whether it missed any: more than the deltas it got).
+    #[serde(default)]
+    pub finished_total: u64,
     pub outbox: OutboxStatus,
     /// The API's local socket, on `/v1/status` (heartbeats leave it out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,6 +76,7 @@ pub(crate) fn agent_status(
         let probe = probe.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let outbox_status = outbox.status();
         let workers = monitor.workers();
+        let (finished_tasks, finished_total) = monitor.finished();
         let health = overall(&probe, &outbox_status, &workers, &liveness.stalled());
         AgentStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -79,7 +86,8 @@ pub(crate) fn agent_status(
             health,
             workers,
             tasks: monitor.tasks(),
-            finished_tasks: monitor.finished_tasks(),
+            finished_tasks,
+            finished_total,
             outbox: outbox_status,
             socket: None,
         }

@@ -71,6 +71,9 @@ pub(crate) struct Watchdog {
     tasks: BTreeMap<String, TaskState>,
     /// Recently finished tasks, newest last, bounded.
     finished: VecDeque<TaskView>,
+    /// Tasks finished since the agent started (heartbeats send the ones
+    /// finished since the previous heartbeat: this tells them how many).
+    finished_total: u64,
 }
 
 /// A retried registration: the same answer, nothing new.
@@ -103,6 +106,7 @@ impl Watchdog {
                 .collect(),
             tasks: BTreeMap::new(),
             finished: VecDeque::new(),
+            finished_total: 0,
         }
     }
 
@@ -267,6 +271,7 @@ impl Watchdog {
             self.finished.pop_front();
         }
         self.finished.push_back(view.clone());
+        self.finished_total += 1;
         Ok((view, vec![body]))
     }
 
@@ -465,6 +470,11 @@ impl Watchdog {
 
     pub(crate) fn finished_tasks(&self) -> impl Iterator<Item = &TaskView> {
         self.finished.iter()
+    }
+
+    /// Tasks finished since the agent started.
+    pub(crate) fn finished_total(&self) -> u64 {
+        self.finished_total
     }
 
     /// Worker memory minus its running tasks' (and `also`'s), floored at 0.

@@ -85,7 +85,7 @@ fn footprint(state: &AppState) -> (Vec<String>, usize, u64) {
         .collect();
     (
         tasks,
-        state.monitor.finished_tasks().len(),
+        state.monitor.finished().0.len(),
         state.outbox.status().last_seq,
     )
 }

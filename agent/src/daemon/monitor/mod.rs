@@ -398,8 +398,14 @@ impl Monitor {
         tasks
     }
 
-    pub(crate) fn finished_tasks(&self) -> Vec<TaskView> {
-        self.lock().finished_tasks().cloned().collect()
+    /// The recently finished tasks (newest last) and how many tasks
+    /// finished since the agent started, read together.
+    pub(crate) fn finished(&self) -> (Vec<TaskView>, u64) {
+        let watchdog = self.lock();
+        (
+            watchdog.finished_tasks().cloned().collect(),
+            watchdog.finished_total(),
+        )
     }
 
     /// A cgroup made or removed (from the probe): learn its path at once,
