@@ -47,6 +47,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Events kept in the outbox before the drop policy applies (and counts).
     pub outbox_capacity: usize,
+    /// Bytes of event JSON kept in the outbox before the drop policy applies.
+    pub outbox_max_bytes: u64,
     /// Age after which events are removed from the outbox.
     pub outbox_max_age: Duration,
     /// Period of `heartbeat` events.
@@ -112,6 +114,7 @@ impl Default for Config {
             node_name: hostname(),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             outbox_capacity: outbox::DEFAULT_CAPACITY,
+            outbox_max_bytes: outbox::DEFAULT_MAX_BYTES,
             outbox_max_age: outbox::DEFAULT_MAX_AGE,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             sinks: Vec::new(),
@@ -138,6 +141,9 @@ impl Default for Config {
     }
 }
 
+/// The smallest outbox byte budget accepted.
+const MIN_OUTBOX_BYTES: u64 = 1 << 20;
+
 /// The config file as written. Every key is optional; unknown keys are errors.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -146,6 +152,7 @@ pub(crate) struct FileConfig {
     pub node_name: Option<String>,
     pub state_dir: Option<PathBuf>,
     pub outbox_capacity: Option<usize>,
+    pub outbox_max_bytes: Option<Size>,
     /// A duration: `7d`, `12h`, …
     pub outbox_max_age: Option<String>,
     pub heartbeat_interval: Option<String>,
@@ -299,6 +306,7 @@ impl Config {
             node_name,
             state_dir,
             outbox_capacity,
+            outbox_max_bytes,
             outbox_max_age,
             heartbeat_interval,
             btf_path,
@@ -332,6 +340,9 @@ impl Config {
         set(&mut self.listen, listen);
         set(&mut self.node_name, node_name);
         set(&mut self.outbox_capacity, outbox_capacity);
+        if let Some(Size(bytes)) = outbox_max_bytes {
+            self.outbox_max_bytes = bytes;
+        }
         set(&mut self.btf_path, btf_path);
         set(&mut self.log_level, log_level);
         set(&mut self.sample_interval, sample_interval.map(|s| s.0));
@@ -369,6 +380,12 @@ impl Config {
         }
         if self.outbox_capacity == 0 {
             return Err(invalid("outbox_capacity", "must be at least 1"));
+        }
+        if self.outbox_max_bytes < MIN_OUTBOX_BYTES {
+            return Err(invalid(
+                "outbox_max_bytes",
+                format!("must be at least 1MiB, got {} bytes", self.outbox_max_bytes),
+            ));
         }
         if self.state_dir.as_os_str().is_empty() {
             return Err(invalid("state_dir", "must not be empty"));

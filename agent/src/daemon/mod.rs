@@ -357,6 +357,7 @@ impl Daemon {
 fn open_outbox(config: &Config, metrics: &Metrics) -> anyhow::Result<Outbox> {
     let limits = outbox::Limits {
         max_events: config.outbox_capacity as u64,
+        max_bytes: config.outbox_max_bytes,
         max_age: config.outbox_max_age,
         ..outbox::Limits::default()
     };

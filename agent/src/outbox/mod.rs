@@ -53,6 +53,9 @@ use crate::{
 
 /// Default number of events kept.
 pub(crate) const DEFAULT_CAPACITY: usize = 100_000;
+/// Default bytes of event JSON kept: ~100,000 events of 1.3 KiB, or a week
+/// of heartbeats every 30 s at 6 KiB each.
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 128 << 20;
 /// Default age after which an event is removed (seven days).
 pub(crate) const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Events held in memory while the state directory cannot be written.
@@ -69,6 +72,8 @@ const UNNUMBERED: u64 = 0;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_events: u64,
+    /// Bytes of event JSON kept (the rows' size; the file is somewhat larger).
+    pub max_bytes: u64,
     pub max_age: Duration,
     /// Events held in memory while writes fail.
     pub pending: usize,
@@ -78,6 +83,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_events: DEFAULT_CAPACITY as u64,
+            max_bytes: DEFAULT_MAX_BYTES,
             max_age: DEFAULT_MAX_AGE,
             pending: PENDING_CAPACITY,
         }
@@ -133,6 +139,8 @@ struct Inner {
     reserved: u64,
     /// Rows in the store (kept here so appends need no COUNT).
     stored: u64,
+    /// Bytes of event JSON in the store (likewise).
+    stored_bytes: u64,
     /// Not yet written, oldest first; all newer than anything stored. The
     /// unnumbered ones (seq [`UNNUMBERED`]) are the newest.
     pending: VecDeque<Event>,
@@ -212,6 +220,7 @@ impl Outbox {
         // The last run may have handed out every number it reserved.
         let last = store.last_seq()?;
         let stored = store.count()?;
+        let stored_bytes = store.bytes()?;
         let epoch: Arc<str> = store.epoch().into();
         let outbox = Self {
             inner: Arc::new(Mutex::new(Inner {
@@ -220,6 +229,7 @@ impl Outbox {
                 next_seq: last + 1,
                 reserved: last,
                 stored,
+                stored_bytes,
                 pending: VecDeque::new(),
                 persist_error: None,
                 cursors: BTreeMap::new(),
@@ -524,7 +534,7 @@ impl Outbox {
             .checked_sub_signed(max_age)
             .map_or(i64::MIN, |t| t.timestamp_millis());
         match inner.store.remove_stored_before(cutoff) {
-            Ok(seqs) => self.removed(&mut inner, &seqs, "expired"),
+            Ok(seqs) => self.removed(&mut inner, &seqs, None, "expired"),
             Err(error) => warn!(%error, "cannot remove expired events"),
         }
     }
@@ -547,8 +557,9 @@ impl Outbox {
                 result = inner.store.insert(&events, now_ms);
             }
             match result {
-                Ok(()) => {
+                Ok(bytes) => {
                     inner.stored += events.len() as u64;
+                    inner.stored_bytes += bytes;
                     inner.pending.drain(..numbered);
                     if inner.persist_error.take().is_some() {
                         info!(
@@ -557,9 +568,12 @@ impl Outbox {
                         );
                     }
                     let over = inner.stored.saturating_sub(inner.limits.max_events);
-                    if over > 0 {
-                        match inner.store.remove_in_drop_order(over) {
-                            Ok(seqs) => self.removed(inner, &seqs, "outbox_full"),
+                    let over_bytes = inner.stored_bytes.saturating_sub(inner.limits.max_bytes);
+                    if over > 0 || over_bytes > 0 {
+                        match inner.store.remove_in_drop_order(over, over_bytes) {
+                            Ok((seqs, freed)) => {
+                                self.removed(inner, &seqs, Some(freed), "outbox_full")
+                            }
                             Err(error) => warn!(%error, "cannot remove events from a full outbox"),
                         }
                     }
@@ -579,6 +593,9 @@ impl Outbox {
             }
         }
         self.metrics.outbox_stored.set(inner.stored as i64);
+        self.metrics
+            .outbox_stored_bytes
+            .set(inner.stored_bytes as i64);
         self.metrics.outbox_pending.set(inner.pending.len() as i64);
         inner.pending.is_empty()
     }
@@ -600,11 +617,23 @@ impl Outbox {
         self.metrics.outbox_pending.set(inner.pending.len() as i64);
     }
 
-    fn removed(&self, inner: &mut Inner, seqs: &[u64], reason: &'static str) {
+    /// Accounts for removed rows: `freed` bytes of JSON, or when not known
+    /// (expiry, a rare sweep) the store is measured again.
+    fn removed(&self, inner: &mut Inner, seqs: &[u64], freed: Option<u64>, reason: &'static str) {
         if seqs.is_empty() {
             return;
         }
         inner.stored = inner.stored.saturating_sub(seqs.len() as u64);
+        match freed.map_or_else(|| inner.store.bytes(), Ok) {
+            Ok(bytes) if freed.is_some() => {
+                inner.stored_bytes = inner.stored_bytes.saturating_sub(bytes)
+            }
+            Ok(bytes) => inner.stored_bytes = bytes,
+            Err(error) => warn!(%error, "cannot measure the outbox"),
+        }
+        self.metrics
+            .outbox_stored_bytes
+            .set(inner.stored_bytes as i64);
         self.count_dropped(inner, seqs, reason);
     }
 

@@ -249,22 +249,26 @@ impl Store {
     }
 
     /// Stores `events` (in seq order) in one transaction: all or none.
-    pub(crate) fn insert(&mut self, events: &[Event], stored_ms: i64) -> Result<(), StoreError> {
+    /// Stores `events`; the bytes of JSON written.
+    pub(crate) fn insert(&mut self, events: &[Event], stored_ms: i64) -> Result<u64, StoreError> {
         let Some(last) = events.last() else {
-            return Ok(());
+            return Ok(0);
         };
+        let mut bytes = 0;
         let tx = self.conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO events (seq, id, priority, stored_ms, json) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
             for event in events {
+                let json = serde_json::to_string(event)?;
+                bytes += json.len() as u64;
                 insert.execute(params![
                     event.seq as i64,
                     event.id,
                     event.body.kind.priority() as i64,
                     stored_ms,
-                    serde_json::to_string(event)?,
+                    json,
                 ])?;
             }
         }
@@ -274,7 +278,7 @@ impl Store {
             params![LAST_SEQ, last.seq as i64],
         )?;
         tx.commit()?;
-        Ok(())
+        Ok(bytes)
     }
 
     /// Moves the write-ahead log into the database and truncates it: on a
@@ -342,18 +346,40 @@ impl Store {
         Ok(n as u64)
     }
 
-    /// Removes `n` events in drop order (lowest priority first, oldest
-    /// first within a priority); returns the seqs removed.
-    pub(crate) fn remove_in_drop_order(&mut self, n: u64) -> Result<Vec<u64>, StoreError> {
+    /// Removes events in drop order (lowest priority first, oldest first
+    /// within one) until at least `n` events and `bytes` bytes of JSON are
+    /// gone; returns the seqs removed and the bytes freed.
+    pub(crate) fn remove_in_drop_order(
+        &mut self,
+        n: u64,
+        bytes: u64,
+    ) -> Result<(Vec<u64>, u64), StoreError> {
         let tx = self.conn.transaction()?;
-        let seqs = select_seqs(
-            &tx,
-            "SELECT seq FROM events ORDER BY priority, seq LIMIT ?1",
-            params![n as i64],
-        )?;
+        let mut seqs = Vec::new();
+        let mut freed = 0u64;
+        {
+            let mut stmt =
+                tx.prepare_cached("SELECT seq, length(json) FROM events ORDER BY priority, seq")?;
+            let mut rows = stmt.query([])?;
+            while (seqs.len() as u64) < n || freed < bytes {
+                let Some(row) = rows.next()? else { break };
+                seqs.push(row.get::<_, i64>(0)? as u64);
+                freed += row.get::<_, i64>(1)? as u64;
+            }
+        }
         delete_seqs(&tx, &seqs)?;
         tx.commit()?;
-        Ok(seqs)
+        Ok((seqs, freed))
+    }
+
+    /// Bytes of event JSON stored.
+    pub(crate) fn bytes(&self) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row(
+            "SELECT COALESCE(SUM(length(json)), 0) FROM events",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
     }
 
     /// Removes events stored before `cutoff_ms`, critical ones only when no

@@ -752,3 +752,67 @@ fn quick_check_cost_on_a_full_outbox() {
         );
     }
 }
+
+/// A week of heartbeats (every 5 minutes here, each with the tasks
+/// finished since the previous one: 1000 a day) beside OOM kills, in an
+/// outbox with a 1 MiB byte budget: the stored JSON never passes the
+/// budget, heartbeats go first, and every OOM kill is kept.
+#[test]
+fn a_week_of_heartbeats_stays_within_the_byte_budget_and_keeps_every_kill() {
+    let metrics = metrics();
+    let limits = Limits {
+        max_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let outbox =
+        Outbox::with_store(Store::in_memory().unwrap(), "h", limits, metrics.clone()).unwrap();
+    let per_day = 24 * 12;
+    let mut kills = Vec::new();
+    let mut finished = 0u64;
+    for beat in 0..7 * per_day {
+        // 1000 tasks a day: about 3.5 per heartbeat.
+        let due = (beat + 1) * 1000 / per_day;
+        let tasks: Vec<serde_json::Value> = (finished..due)
+            .map(|i| {
+                serde_json::json!({
+                    "task_id": format!("slurm-{i}-0"), "worker": "w1",
+                    "source": {"cgroup": format!("/sys/fs/cgroup/memory/memwatch/w1/task-{i}")},
+                    "memory_bytes": 123_456_789, "running_secs": 3600, "growing": false,
+                    "outcome": {"ended": {"exit_code": 0}}, "owner": "uid:1000"
+                })
+            })
+            .collect();
+        finished = due;
+        let mut body = EventBody::new(EventKind::Heartbeat);
+        // The rest of a heartbeat's state: a few workers, the outbox.
+        body.state = Some(serde_json::json!({
+            "workers": (0..8).map(|w| serde_json::json!({"name": format!("w{w}"), "status": "healthy", "memory_bytes": 1u64 << 30})).collect::<Vec<_>>(),
+            "finished_tasks": tasks, "finished_total": finished,
+        }));
+        outbox.append(body, None);
+        if beat % 100 == 0 {
+            kills.push(add(&outbox, EventKind::OomKill));
+        }
+        let bytes = metrics.outbox_stored_bytes.get() as u64;
+        assert!(
+            bytes <= 1 << 20,
+            "{bytes} bytes stored after heartbeat {beat}"
+        );
+    }
+    let stored: Vec<u64> = outbox
+        .read(0, 1000)
+        .iter()
+        .filter(|e| e.body.kind == EventKind::OomKill)
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(stored, kills, "every OOM kill kept");
+    assert!(
+        dropped(&metrics, "outbox_full") > 0,
+        "heartbeats were dropped"
+    );
+    assert_eq!(
+        metrics.outbox_stored_bytes.get() as u64,
+        outbox.lock().store.bytes().unwrap(),
+        "the figure kept is the store's"
+    );
+}

@@ -37,6 +37,7 @@ fn counter(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCou
     IntCounterVec::new(Opts::new(name, help), labels)
 }
 pub(crate) const OUTBOX_STORED: &str = "memwatch_outbox_stored_events";
+pub(crate) const OUTBOX_STORED_BYTES: &str = "memwatch_outbox_stored_bytes";
 pub(crate) const OUTBOX_PENDING: &str = "memwatch_outbox_pending_events";
 pub(crate) const OUTBOX_UNPERSISTED_TOTAL: &str = "memwatch_outbox_unpersisted_total";
 pub(crate) const SINK_DELIVERED_TOTAL: &str = "memwatch_sink_delivered_total";
@@ -97,6 +98,7 @@ pub struct Metrics {
     pub program_run_seconds: prometheus::CounterVec,
     /// Events in the outbox database.
     pub outbox_stored: IntGauge,
+    pub outbox_stored_bytes: IntGauge,
     /// Events held in memory because the state directory cannot be written.
     pub outbox_pending: IntGauge,
     /// Events that could not be written to the state directory when made.
@@ -142,6 +144,7 @@ impl Metrics {
             Box::new(self.program_runs.clone()),
             Box::new(self.program_run_seconds.clone()),
             Box::new(self.outbox_stored.clone()),
+            Box::new(self.outbox_stored_bytes.clone()),
             Box::new(self.outbox_pending.clone()),
             Box::new(self.outbox_unpersisted.clone()),
             Box::new(self.sink_delivered.clone()),
@@ -267,6 +270,10 @@ impl Metrics {
                 &["program"],
             )?,
             outbox_stored: IntGauge::new(OUTBOX_STORED, "Events in the outbox database.")?,
+            outbox_stored_bytes: IntGauge::new(
+                OUTBOX_STORED_BYTES,
+                "Bytes of event JSON in the outbox database (bounded by outbox_max_bytes).",
+            )?,
             outbox_pending: IntGauge::new(
                 OUTBOX_PENDING,
                 "Events held in memory because the state directory cannot be written.",
