@@ -112,12 +112,15 @@ impl MemoryHierarchy {
 /// Entries outlive their cgroup: kernfs ids are 64-bit and never reused, so
 /// a cgroup removed right after an OOM kill still resolves to the path it
 /// had, as long as it was seen (by a walk, or by [`CgroupResolver::remember`]
-/// when a task registers it). The cache is bounded: past
-/// [`CgroupResolver::MAX_ENTRIES`] it forgets cgroups that are gone.
+/// when a task registers it). The cache is bounded on every path that adds
+/// to it: past [`CgroupResolver::MAX_ENTRIES`] it forgets cgroups that are
+/// gone, then, if still past three quarters of it, live ones (a walk finds
+/// those again), so that a sweep comes at most every quarter of the bound.
 #[derive(Debug)]
 pub(crate) struct CgroupResolver {
     hierarchy: MemoryHierarchy,
     by_id: HashMap<u64, PathBuf>,
+    max_entries: usize,
 }
 
 impl CgroupResolver {
@@ -127,6 +130,33 @@ impl CgroupResolver {
         Self {
             hierarchy,
             by_id: HashMap::new(),
+            max_entries: Self::MAX_ENTRIES,
+        }
+    }
+
+    /// Adds an entry, keeping the bound.
+    fn insert(&mut self, id: u64, path: PathBuf) {
+        self.by_id.insert(id, path);
+        self.trim(id);
+    }
+
+    /// Keeps the bound, and `id`.
+    fn trim(&mut self, id: u64) {
+        if self.by_id.len() > self.max_entries {
+            self.by_id.retain(|_, path| path.exists());
+            let keep = self.max_entries / 4 * 3;
+            if self.by_id.len() > keep {
+                let extra: Vec<u64> = self
+                    .by_id
+                    .keys()
+                    .copied()
+                    .filter(|k| *k != id)
+                    .take(self.by_id.len() - keep)
+                    .collect();
+                for k in extra {
+                    self.by_id.remove(&k);
+                }
+            }
         }
     }
 
@@ -141,7 +171,9 @@ impl CgroupResolver {
             return Some(path.clone());
         }
         self.rescan();
-        self.by_id.get(&id).cloned()
+        let found = self.by_id.get(&id).cloned();
+        self.trim(id);
+        found
     }
 
     /// Learns a cgroup the kernel just made (from the cgroup_mkdir probe):
@@ -151,7 +183,7 @@ impl CgroupResolver {
     pub(crate) fn learn(&mut self, id: u64, relative: &str) -> Option<PathBuf> {
         let path = self.hierarchy.root.join(relative.trim_start_matches('/'));
         (inode(&path) == Some(id)).then(|| {
-            self.by_id.insert(id, path.clone());
+            self.insert(id, path.clone());
             path
         })
     }
@@ -165,14 +197,11 @@ impl CgroupResolver {
     /// even if it is removed before the next walk.
     pub(crate) fn remember(&mut self, path: &Path) {
         if let Some(id) = inode(path) {
-            self.by_id.insert(id, path.to_path_buf());
+            self.insert(id, path.to_path_buf());
         }
     }
 
     fn rescan(&mut self) {
-        if self.by_id.len() > Self::MAX_ENTRIES {
-            self.by_id.retain(|_, path| path.exists());
-        }
         let mut stack = vec![self.hierarchy.root.clone()];
         while let Some(dir) = stack.pop() {
             let Ok(meta) = fs::metadata(&dir) else {
@@ -199,6 +228,44 @@ fn inode(path: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_resolver_stays_bounded_on_every_path_and_keeps_what_it_was_asked() {
+        let root = tempfile::tempdir().unwrap();
+        let mut resolver = CgroupResolver::new(MemoryHierarchy {
+            root: root.path().into(),
+            version: CgroupVersion::V2,
+        });
+        resolver.max_entries = 40;
+        // remember(): 100 cgroups, each removed right after (gone ones are
+        // forgotten first).
+        for i in 0..100 {
+            let dir = root.path().join(format!("gone{i}"));
+            fs::create_dir(&dir).unwrap();
+            resolver.remember(&dir);
+            fs::remove_dir(&dir).unwrap();
+            assert!(resolver.by_id.len() <= 40, "{}", resolver.by_id.len());
+        }
+        // learn() and walks: 100 live cgroups, more than the bound.
+        let mut ids = Vec::new();
+        for i in 0..100 {
+            let dir = root.path().join(format!("live{i}"));
+            fs::create_dir(&dir).unwrap();
+            let id = inode(&dir).unwrap();
+            assert!(resolver.learn(id, &format!("live{i}")).is_some());
+            assert!(resolver.by_id.len() <= 40, "{}", resolver.by_id.len());
+            ids.push(id);
+        }
+        // A walk finds any live one again, and keeps it.
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(
+                resolver.resolve(*id),
+                Some(root.path().join(format!("live{i}")))
+            );
+            assert!(resolver.by_id.len() <= 40);
+            assert!(resolver.known_path(*id).is_some());
+        }
+    }
 
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
