@@ -1,6 +1,10 @@
 //! Fresh `memwatch exec` tasks crossing their soft caps one after another:
-//! every crossing must be seen by the kernel's growth program (within
-//! 50 ms of memhog touching the cap), not by the 60 s sampling round.
+//! every crossing must be seen by the kernel's growth program, not by the
+//! 60 s sampling round: its event must be there when the task has ended,
+//! within a bound (1 s) far below the sampling interval and far above what
+//! the kernel path takes (2–25 ms here; 245 ms once on a loaded CI machine,
+//! which failed the 50 ms bound this test had). The delay itself is `cargo
+//! xtask bench delay`'s figure.
 //!
 //! It found a real bug (2026-11-30): a new cgroup's `mem_cgroup` often sits
 //! at the address of a freed one, and the growth program applied the stale
@@ -13,6 +17,8 @@ use memwatch::EventKind;
 use memwatch_tests::{agent::Agent, exec_memhog_with_mark, kernel_tests_enabled, ms_after_mark};
 
 const TASKS: usize = 10;
+/// Only the kernel's line can report a crossing this soon (sampling: 60 s).
+const KERNEL_PATH_BOUND_MS: f64 = 1000.0;
 
 #[tokio::test]
 async fn every_fresh_task_crossing_its_soft_cap_is_seen_by_the_kernel() {
@@ -30,12 +36,12 @@ async fn every_fresh_task_crossing_its_soft_cap_is_seen_by_the_kernel() {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some(&*task)
         });
         let delay_ms = crossing.map(|e| ms_after_mark(e, mark_ns));
-        if delay_ms.is_none_or(|d| d > 50.0) {
+        if delay_ms.is_none_or(|d| d > KERNEL_PATH_BOUND_MS) {
             late.push((task, delay_ms));
         }
     }
     assert!(
         late.is_empty(),
-        "crossings not seen by the kernel within 50 ms: {late:?}"
+        "crossings not seen by the kernel within {KERNEL_PATH_BOUND_MS} ms: {late:?}"
     );
 }

@@ -98,8 +98,10 @@ impl Agent {
         Agent {
             base_url: process.base_url(),
             process,
+            // Generous: an agent on a loaded 2-core machine (a Dask cluster
+            // and builds beside it) once took over 5 s to answer.
             client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(30))
                 .build()
                 .expect("http client"),
             token: None,
