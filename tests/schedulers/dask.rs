@@ -286,7 +286,10 @@ async fn dask_two_hosts_never_retire_every_worker() {
     };
     let started = Instant::now();
     let mut said = None;
+    // The fewest workers the scheduler listed at any look: the floor is 1.
+    let mut fewest = usize::MAX;
     while said.is_none() && started.elapsed() < Duration::from_secs(90) {
+        fewest = fewest.min(cluster.listed().await.len());
         for (i, agent) in agents.iter().enumerate() {
             if let Some(e) = agent.events(0).await.into_iter().find(|e| held(e)) {
                 said = Some((i, e, started.elapsed()));
@@ -308,10 +311,19 @@ async fn dask_two_hosts_never_retire_every_worker() {
     let one_left = wait_until_async(
         "one of the two workers retired",
         Duration::from_secs(60),
-        async || cluster.listed().await.len() == 1,
+        async || {
+            let listed = cluster.listed().await.len();
+            fewest = fewest.min(listed);
+            listed == 1
+        },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let holding = Instant::now();
+    while holding.elapsed() < Duration::from_secs(6) {
+        fewest = fewest.min(cluster.listed().await.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(fewest, 1, "the cluster never went below its floor of 1");
     let listed = cluster.listed().await;
     assert_eq!(listed.len(), 1, "exactly one retired: {listed:?}");
     let kept = &listed[0].0;
@@ -333,7 +345,7 @@ async fn dask_two_hosts_never_retire_every_worker() {
     let answer = cluster.client(&["compute"]);
     assert_eq!(answer["total"], SQUARES, "{answer}");
     println!(
-        "two hosts, both workers leaking: {kept} kept; first said {said_after:?} by agent {}: {} {}; one left {:?} after that",
+        "two hosts, both workers leaking: {kept} kept; fewest listed: {fewest}; first said {said_after:?} by agent {}: {} {}; one left {:?} after that",
         said_by + 1,
         event.body.kind.as_str(),
         event.body.reason.unwrap_or_default(),
