@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Renders the memwatch Helm chart offline with Helm's own engine (the
 helm-python-sdk wheel bundles Helm's Go SDK as libhelm_c), lints it, and
-writes what it rendered: OUT/manifests.yaml (every document) and
-OUT/memwatch.toml (the agent config from the ConfigMap).
+writes what it rendered: OUT/manifests.yaml (every document),
+OUT/manifests.json (the same, parsed: a JSON list of objects, for tests) and
+OUT/memwatch.toml (the agent config from the ConfigMap). Helm renders offline
+here: `lookup` finds nothing and .Capabilities.APIVersions holds only the
+built-in Kubernetes groups (as with `helm template`).
 
 Usage: render_chart.py CHART_DIR OUT_DIR [VALUES_FILE]
 """
+import json
 import os
 import sys
 
@@ -36,6 +40,8 @@ def main() -> int:
             toml = config_from(text)
     with open(os.path.join(out_dir, "manifests.yaml"), "w") as f:
         f.write("---\n".join(docs))
+    with open(os.path.join(out_dir, "manifests.json"), "w") as f:
+        json.dump(parsed(docs), f, indent=1)
     if toml is None:
         print("no ConfigMap rendered", file=sys.stderr)
         return 1
@@ -43,6 +49,12 @@ def main() -> int:
         f.write(toml)
     print(f"rendered {len(docs)} manifests into {out_dir}")
     return 0
+
+
+def parsed(docs: list) -> list:
+    import yaml  # PyYAML, a dependency of kubernetes-validate
+
+    return [d for text in docs for d in yaml.safe_load_all(text) if d]
 
 
 def config_from(configmap_yaml: str) -> str:

@@ -74,8 +74,9 @@ pub fn kubernetes_validate(files: &[PathBuf]) -> (bool, String) {
     (out.status.success(), combined_output(&out))
 }
 
-/// Renders the Helm chart into `out` (manifests.yaml, memwatch.toml).
-pub fn render_chart(out: &Path, values: Option<&Path>) {
+/// Renders and lints the Helm chart into `out` (manifests.yaml,
+/// manifests.json, memwatch.toml): (success, combined output).
+pub fn try_render_chart(out: &Path, values: Option<&Path>) -> (bool, String) {
     python_tools();
     let mut cmd = Command::new("python3");
     cmd.arg(repo().join("deploy/check/render_chart.py"))
@@ -85,11 +86,14 @@ pub fn render_chart(out: &Path, values: Option<&Path>) {
         cmd.arg(values);
     }
     let result = cmd.output().expect("run render_chart.py");
-    assert!(
-        result.status.success(),
-        "helm render/lint failed:\n{}",
-        combined_output(&result)
-    );
+    (result.status.success(), combined_output(&result))
+}
+
+/// Renders the Helm chart into `out` (manifests.yaml, manifests.json,
+/// memwatch.toml); lint or render errors fail the test.
+pub fn render_chart(out: &Path, values: Option<&Path>) {
+    let (ok, output) = try_render_chart(out, values);
+    assert!(ok, "helm render/lint failed:\n{output}");
 }
 
 /// The capabilities the docs claim the agent needs, as written in the
