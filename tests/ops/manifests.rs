@@ -5,7 +5,9 @@
 //! it renders accepted by the agent. Needs no root; tools come from PyPI
 //! when missing. Helm renders offline here, as `helm template` does: no
 //! cluster, so `lookup` finds nothing and the Prometheus operator's API is
-//! not served.
+//! not served; or with `--api-versions` naming the operator's kinds; or as
+//! an upgrade against a stub API server that serves the release's Secrets
+//! to `lookup` (deploy/check/render_chart.py).
 
 use std::{
     fs,
@@ -14,7 +16,7 @@ use std::{
 
 use memwatch::{Config, Overrides};
 use memwatch_tests::ops::{
-    self, documented_capabilities, kubernetes_validate, render_chart, repo, try_render_chart,
+    self, documented_capabilities, kubernetes_validate, render_chart_with, repo, try_render_chart,
 };
 use serde_json::Value;
 
@@ -97,8 +99,13 @@ struct Chart {
 
 impl Chart {
     fn render(values: Option<&Path>, expected_kinds: &[&str]) -> Self {
+        Self::render_with(values, &[], expected_kinds)
+    }
+
+    /// With render_chart.py's options (`--api-versions`, `--cluster`).
+    fn render_with(values: Option<&Path>, options: &[&str], expected_kinds: &[&str]) -> Self {
         let out = tempfile::tempdir().unwrap();
-        render_chart(out.path(), values);
+        render_chart_with(out.path(), values, options);
         assert_valid(&[out.path().join("manifests.yaml")], expected_kinds);
         let json = fs::read_to_string(out.path().join("manifests.json")).unwrap();
         Self {
@@ -278,10 +285,8 @@ fn helm_chart_makes_the_token_secret_and_mounts_it_when_none_is_given() {
     assert_eq!(data.len(), 3, "{data:?}");
     let distinct: std::collections::BTreeSet<&String> = tokens.iter().collect();
     assert_eq!(distinct.len(), 3, "each scope its own token");
-    // Kept across upgrades: the template reuses what lookup finds (not
-    // exercised here: offline, lookup finds nothing).
-    let template = ops::read("deploy/helm/memwatch/templates/secret.yaml");
-    assert!(template.contains(r#"lookup "v1" "Secret" .Release.Namespace $name"#));
+    // Offline lookup finds nothing: fresh tokens. Kept across upgrades:
+    // helm_chart_keeps_the_tokens_across_upgrades.
     // Mounted read-only, one file per scope, and named in the config.
     assert_eq!(
         chart.token_sources(),
@@ -369,6 +374,68 @@ fn helm_chart_takes_the_usual_values() {
         chart.token_sources()[0],
         ("memwatch-admin".into(), "token".into(), "admin".into())
     );
+}
+
+#[test]
+fn helm_chart_renders_the_operator_kinds_where_the_cluster_serves_them() {
+    // `auto` (the default) follows .Capabilities.APIVersions, kind by kind;
+    // false wins over a cluster that serves them; true needs no cluster
+    // (values-full.yaml, above).
+    let both = "monitoring.coreos.com/v1/ServiceMonitor,monitoring.coreos.com/v1/PrometheusRule";
+    let monitor_only = "monitoring.coreos.com/v1/ServiceMonitor";
+    for (file, api, monitors, rules) in [
+        (None, both, 1, 1),
+        (None, monitor_only, 1, 0),
+        (Some("values-operator-off.yaml"), both, 0, 0),
+    ] {
+        let path = file.map(values);
+        let chart = Chart::render_with(
+            path.as_deref(),
+            &["--api-versions", api],
+            &["daemonset", "secret"],
+        );
+        assert_eq!(
+            chart.all("ServiceMonitor").len(),
+            monitors,
+            "{file:?} {api}"
+        );
+        assert_eq!(chart.all("PrometheusRule").len(), rules, "{file:?} {api}");
+    }
+}
+
+/// The chart's token Secret rendered as an upgrade of a release whose
+/// namespace holds `secrets` ({name: {key: base64}}): its data.
+fn tokens_after_upgrade(secrets: Value) -> serde_json::Map<String, Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("secrets.json");
+    fs::write(&cluster, secrets.to_string()).unwrap();
+    let chart = Chart::render_with(
+        None,
+        &["--cluster", cluster.to_str().unwrap()],
+        &["daemonset", "secret"],
+    );
+    let secret = chart.one("Secret");
+    assert_eq!(secret["metadata"]["name"], "memwatch-tokens");
+    secret["data"].as_object().unwrap().clone()
+}
+
+#[test]
+fn helm_chart_keeps_the_tokens_across_upgrades() {
+    // The tokens of the release's Secret come back unchanged.
+    let kept = serde_json::json!({"admin": "QURNSU4=", "task": "VEFTSw==", "read": "UkVBRA=="});
+    let data = tokens_after_upgrade(serde_json::json!({"memwatch-tokens": kept}));
+    assert_eq!(Value::Object(data), kept);
+    // A scope missing from it (an admin-only Secret) gets a fresh token;
+    // the others are kept.
+    let data = tokens_after_upgrade(serde_json::json!({"memwatch-tokens": {"admin": "QURNSU4="}}));
+    assert_eq!(data["admin"], "QURNSU4=");
+    for scope in ["task", "read"] {
+        assert_eq!(decode_base64(data[scope].as_str().unwrap()).len(), 48);
+    }
+    // Upgrading from the chart before scopes: its admin token is kept.
+    let data = tokens_after_upgrade(serde_json::json!({"memwatch-api-token": {"token": "T0xE"}}));
+    assert_eq!(data["admin"], "T0xE");
+    assert_ne!(data["task"], data["read"]);
 }
 
 #[test]
