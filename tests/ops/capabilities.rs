@@ -173,3 +173,65 @@ fn systemd_unit_verifies_offline() {
     // verify exits 0 on unknown keys, only warning: any output is a failure.
     assert!(out.status.success() && text.trim().is_empty(), "{text}");
 }
+
+/// Every datagram that reaches `socket` until one contains `wanted` (or
+/// the deadline passes: a panic naming what came).
+fn notifications_until(
+    socket: &std::os::unix::net::UnixDatagram,
+    wanted: &str,
+    within: Duration,
+) -> Vec<String> {
+    let deadline = std::time::Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while std::time::Instant::now() < deadline {
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        if let Ok(n) = socket.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            if got.last().is_some_and(|m| m.contains(wanted)) {
+                return got;
+            }
+        }
+    }
+    panic!("no {wanted:?} within {within:?}; got {got:?}");
+}
+
+#[tokio::test]
+async fn systemd_notify_ready_watchdog_and_stopping_from_the_real_agent() {
+    // As systemd runs the unit (Type=notify, WatchdogSec=): the real agent
+    // says READY=1 once /ready is 200, keeps the watchdog (2 s here: a ping
+    // every second) while it is live, and says STOPPING=1 at SIGTERM. The
+    // watchdog withheld from a stalled loop: telemetry::notify's unit test.
+    if !kernel_tests_enabled("systemd_notify_ready_watchdog_and_stopping_from_the_real_agent") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    let path = path.to_str().expect("UTF-8 path").to_string();
+    let mut agent = Agent::start_with_env(
+        &[("NOTIFY_SOCKET", &path), ("WATCHDOG_USEC", "2000000")],
+        &[],
+    )
+    .await;
+    let (status, _) = agent.get("/ready").await;
+    assert_eq!(status, 200);
+    let before = notifications_until(&socket, "READY=1", Duration::from_secs(5));
+    assert_eq!(before[0], "STATUS=starting\n", "{before:?}");
+    let ready = before.last().unwrap();
+    assert!(ready.contains("\nSTATUS=ready: source "), "{ready}");
+    assert!(
+        before[..before.len() - 1]
+            .iter()
+            .all(|m| !m.contains("READY=1")),
+        "{before:?}"
+    );
+    let pings = notifications_until(&socket, "WATCHDOG=1", Duration::from_secs(3));
+    assert!(pings.iter().all(|m| !m.contains("STOPPING")), "{pings:?}");
+    notifications_until(&socket, "WATCHDOG=1", Duration::from_secs(3));
+    // SIGTERM, a clean exit, and STOPPING=1 said on the way.
+    assert_eq!(agent.stop(), Some(0), "{}", agent.log_text());
+    notifications_until(&socket, "STOPPING=1", Duration::from_secs(1));
+}

@@ -4,8 +4,9 @@
 //! docs/configuration.md (and nothing more); docs/design.md, the contract,
 //! names every command, flag, route and event kind the code has (and no
 //! route it does not serve); docs/events.md lists exactly the event fields
-//! and every kind; links between the docs resolve; and no tracked file
-//! points outside the repository.
+//! and every kind; the Helm chart's README lists exactly the values its
+//! schema types; links between the docs resolve; and no tracked file points
+//! outside the repository.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -716,9 +717,64 @@ fn events_doc_lists_exactly_the_event_fields_and_every_kind() {
     );
 }
 
+/// The chart's values as its README lists them: the dotted key paths, two
+/// levels deep (`image.tag`), of values.schema.json (`global` is Helm's).
+fn chart_schema_keys() -> BTreeSet<String> {
+    fn walk(
+        props: &serde_json::Map<String, serde_json::Value>,
+        defs: &serde_json::Value,
+        prefix: &str,
+        depth: usize,
+        out: &mut BTreeSet<String>,
+    ) {
+        for (key, mut value) in props {
+            if key == "global" {
+                continue;
+            }
+            while let Some(target) = value["$ref"].as_str() {
+                let name = target.rsplit('/').next().expect("a $ref name");
+                value = &defs[name];
+            }
+            match value["properties"].as_object() {
+                Some(inner) if depth < 2 => {
+                    walk(inner, defs, &format!("{prefix}{key}."), depth + 1, out)
+                }
+                _ => {
+                    out.insert(format!("{prefix}{key}"));
+                }
+            }
+        }
+    }
+    let schema: serde_json::Value =
+        serde_json::from_str(&read("deploy/helm/memwatch/values.schema.json"))
+            .expect("values.schema.json is JSON");
+    let mut keys = BTreeSet::new();
+    let props = schema["properties"].as_object().expect("properties");
+    walk(props, &schema["definitions"], "", 1, &mut keys);
+    keys
+}
+
+#[test]
+fn chart_readme_lists_exactly_the_values_of_the_schema() {
+    let readme = read("deploy/helm/memwatch/README.md");
+    let listed = first_column(&readme, "Values");
+    let typed = chart_schema_keys();
+    assert!(typed.contains("serviceMonitor.enabled"), "{typed:?}");
+    assert_eq!(
+        listed,
+        typed,
+        "deploy/helm/memwatch/README.md `## Values` against values.schema.json: missing {:?}, extra {:?}",
+        typed.difference(&listed).collect::<Vec<_>>(),
+        listed.difference(&typed).collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn links_between_the_docs_resolve() {
-    let mut docs = vec![PathBuf::from("README.md")];
+    let mut docs = vec![
+        PathBuf::from("README.md"),
+        PathBuf::from("deploy/helm/memwatch/README.md"),
+    ];
     for entry in std::fs::read_dir(repo().join("docs")).expect("docs/") {
         let path = entry.expect("docs/ entry").path();
         if path.extension().is_some_and(|e| e == "md") {

@@ -49,6 +49,12 @@ impl Agent {
         Self::launch(&[], None, extra).await
     }
 
+    /// Like [`Agent::start`], with more environment variables
+    /// (`NOTIFY_SOCKET`, `WATCHDOG_USEC`: as systemd runs it).
+    pub async fn start_with_env(env: &[(&str, &str)], extra: &[&str]) -> Agent {
+        Self::launch_with(&[], None, env, extra).await
+    }
+
     /// Starts the agent as user `nobody` with no capability at all (through
     /// `setpriv`), with a state directory it may write.
     pub async fn start_unprivileged(extra: &[&str]) -> Agent {
@@ -79,13 +85,24 @@ impl Agent {
     /// on drop) on a blocking thread, and panics with why (and its log)
     /// when it does not come up.
     async fn launch(wrapper: &[&str], state_dir: Option<&Path>, extra: &[&str]) -> Agent {
+        Self::launch_with(wrapper, state_dir, &[], extra).await
+    }
+
+    async fn launch_with(
+        wrapper: &[&str],
+        state_dir: Option<&Path>,
+        more_env: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Agent {
         let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect();
+        let mut env = vec![("RUST_LOG".to_string(), "memwatch=debug,info".to_string())];
+        env.extend(more_env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let options = Options {
             wrapper: strings(wrapper),
             state_dir: state_dir.map(Path::to_path_buf),
             node_name: Some("test-node".into()),
             args: strings(extra),
-            env: vec![("RUST_LOG".into(), "memwatch=debug,info".into())],
+            env,
             log: true,
             on_drop: OnDrop::Kill,
         };

@@ -74,22 +74,43 @@ pub fn kubernetes_validate(files: &[PathBuf]) -> (bool, String) {
     (out.status.success(), combined_output(&out))
 }
 
-/// Renders the Helm chart into `out` (manifests.yaml, memwatch.toml).
-pub fn render_chart(out: &Path, values: Option<&Path>) {
+/// Renders and lints the Helm chart into `out` (manifests.yaml,
+/// manifests.json, memwatch.toml), with render_chart.py's `options`
+/// (`--api-versions ...`, `--cluster SECRETS.json`): (success, combined
+/// output).
+pub fn try_render_chart_with(
+    out: &Path,
+    values: Option<&Path>,
+    options: &[&str],
+) -> (bool, String) {
     python_tools();
     let mut cmd = Command::new("python3");
     cmd.arg(repo().join("deploy/check/render_chart.py"))
+        .args(options)
         .arg(repo().join("deploy/helm/memwatch"))
         .arg(out);
     if let Some(values) = values {
         cmd.arg(values);
     }
     let result = cmd.output().expect("run render_chart.py");
-    assert!(
-        result.status.success(),
-        "helm render/lint failed:\n{}",
-        combined_output(&result)
-    );
+    (result.status.success(), combined_output(&result))
+}
+
+/// [`try_render_chart_with`] offline, as `helm template` renders.
+pub fn try_render_chart(out: &Path, values: Option<&Path>) -> (bool, String) {
+    try_render_chart_with(out, values, &[])
+}
+
+/// Renders the Helm chart into `out` (manifests.yaml, manifests.json,
+/// memwatch.toml); lint or render errors fail the test.
+pub fn render_chart(out: &Path, values: Option<&Path>) {
+    render_chart_with(out, values, &[]);
+}
+
+/// [`render_chart`] with render_chart.py's `options`.
+pub fn render_chart_with(out: &Path, values: Option<&Path>, options: &[&str]) {
+    let (ok, output) = try_render_chart_with(out, values, options);
+    assert!(ok, "helm render/lint failed:\n{output}");
 }
 
 /// The capabilities the docs claim the agent needs, as written in the

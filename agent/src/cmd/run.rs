@@ -14,11 +14,18 @@ use crate::{
     },
     config::Config,
     daemon::{Daemon, SHUTDOWN_GRACE, status::SocketStatus},
+    telemetry::notify::Notifier,
 };
 
 pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
     let signal = shutdown_signal()?;
+    // systemd's `Type=notify` and `WatchdogSec=` (nothing without them).
+    let notifier = Notifier::from_env();
+    notifier.status("starting");
     let mut daemon = Daemon::start(config).await?;
+    // From here on every loop is registered as it starts: the watchdog is
+    // kept alive only while none of them is stalled.
+    let watchdog = notifier.spawn_watchdog(daemon.liveness().clone());
     let listen = daemon.config().listen;
     // Before the probe loads: `/ready` says "not yet" while it does, and a
     // port in use fails the start at once.
@@ -88,7 +95,16 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let ran = daemon.run(signal).await;
+    notifier.status("attaching the event source");
+    let ran = match daemon.attach().await {
+        Ok(status) => {
+            // `/ready` answers 200 from now on.
+            notifier.ready(&status);
+            daemon.run(signal).await
+        }
+        Err(error) => Err(error),
+    };
+    notifier.stopping();
     daemon.shutdown().await;
     let _ = stop_server.send(true);
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
@@ -105,6 +121,9 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     drop(socket_file);
+    if let Some(watchdog) = watchdog {
+        watchdog.abort();
+    }
     ran?;
     info!("stopped");
     Ok(())

@@ -1,8 +1,9 @@
 //! The agent at run time. [`Daemon::start`] opens the state directory and
 //! starts the watchdog (the monitor), the sinks and the heartbeats;
-//! [`Daemon::run`] attaches the event source and does the periodic work
-//! until a signal; [`Daemon::shutdown`] detaches, drains and saves, in that
-//! order. `cmd::run` serves the HTTP API beside it.
+//! [`Daemon::attach`] attaches the event source (the agent is ready then);
+//! [`Daemon::run`] does the periodic work until a signal;
+//! [`Daemon::shutdown`] detaches, drains and saves, in that order.
+//! `cmd::run` serves the HTTP API beside it.
 
 pub(crate) mod heartbeat;
 mod kernel_caps;
@@ -214,13 +215,11 @@ impl Daemon {
         self.probe_state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Attaches the event source, reports what was missed while the agent
-    /// was down, then does the periodic work until `stop` resolves.
+    /// Does the periodic work until `stop` resolves; [`Self::attach`] first.
     pub(crate) async fn run(
         &mut self,
         stop: impl Future<Output = &'static str>,
     ) -> anyhow::Result<()> {
-        self.attach().await?;
         let mut expiry = tokio::time::interval(EXPIRY_INTERVAL);
         let mut oom_ticker = tokio::time::interval(OOM_COUNTS_INTERVAL);
         let mut oom_rescan =
@@ -272,8 +271,9 @@ impl Daemon {
 
     /// Starts the event source (see source.rs), says so in `/health`, the
     /// metrics and an `agent_started` event, reconciles the OOM counters,
-    /// and starts the pipeline, the heartbeats and the sampling loop.
-    async fn attach(&mut self) -> anyhow::Result<()> {
+    /// and starts the pipeline, the heartbeats and the sampling loop. Once it
+    /// returns `/ready` answers 200; the answer says what runs.
+    pub(crate) async fn attach(&mut self) -> anyhow::Result<String> {
         let (tx, rx) = mpsc::channel(PROBE_QUEUE);
         let baseline = OomBook::baseline(&self.hierarchy).await?;
         let mut source = Source::start(&self.config, &self.hierarchy, tx, &self.liveness).await?;
@@ -325,7 +325,7 @@ impl Daemon {
             beat,
         )));
         self.source = Some(source);
-        Ok(())
+        Ok(format!("ready: source {} ({})", kind.as_str(), attach))
     }
 
     /// Detaches first so nothing new arrives, drains what is queued, stops

@@ -5,6 +5,7 @@
 //! made in `main` and passed down.
 
 pub(crate) mod liveness;
+pub(crate) mod notify;
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tracing_subscriber::EnvFilter;

@@ -1,12 +1,17 @@
 {{- define "memwatch.name" -}}
-{{- .Chart.Name -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "memwatch.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := .Values.nameOverride | default .Chart.Name -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -23,6 +28,14 @@ app.kubernetes.io/name: {{ include "memwatch.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{- define "memwatch.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "memwatch.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
 {{/* One TOML table's keys: `key = value`, values as JSON (valid TOML for strings, numbers, booleans). */}}
 {{- define "memwatch.tomlKeys" -}}
 {{- range $key, $value := . }}
@@ -30,7 +43,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end -}}
 
-{{/* The Secret holding the API token: the one given, else the chart's own. */}}
+{{/*
+The token scopes: (scope, its values, its config key). Each scope's token is
+mounted as the file /var/run/memwatch-token/<scope>.
+*/}}
+{{- define "memwatch.tokenScopes" -}}
+{{- $v := .Values -}}
+{{- list (list "admin" $v.apiToken "api_token_file") (list "task" $v.taskToken "task_token_file") (list "read" $v.readToken "read_token_file") | toJson -}}
+{{- end -}}
+
+{{/* The Secret the chart makes for the scopes given no existingSecret. */}}
 {{- define "memwatch.tokenSecret" -}}
-{{- .Values.apiToken.existingSecret | default (printf "%s-api-token" (include "memwatch.fullname" .)) -}}
+{{- printf "%s-tokens" (include "memwatch.fullname" .) -}}
+{{- end -}}
+
+{{/*
+Whether a Prometheus operator kind is rendered: (enabled, root, kind).
+`auto`: only when the cluster serves monitoring.coreos.com/v1 <kind>.
+*/}}
+{{- define "memwatch.operatorKind" -}}
+{{- $enabled := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- $kind := index . 2 -}}
+{{- if eq (toString $enabled) "auto" -}}
+{{- if $root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind) -}}true{{- end -}}
+{{- else if eq (toString $enabled) "true" -}}true
+{{- end -}}
 {{- end -}}
