@@ -12,6 +12,7 @@ use memwatch_test_support::{
 use crate::shell;
 
 mod delay;
+mod guard;
 mod idle;
 mod overhead;
 mod storm;
@@ -22,7 +23,10 @@ pub(crate) fn run(which: Option<&str>) -> anyhow::Result<()> {
         Some("delay") => delay::delay(),
         Some("idle") => idle::idle(),
         Some("storm") => storm::storm(),
-        Some(other) => bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm)"),
+        Some("guard") => guard::guard(),
+        Some(other) => {
+            bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm, guard)")
+        }
     }
 }
 
