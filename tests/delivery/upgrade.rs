@@ -60,6 +60,27 @@ fn old_build() -> PathBuf {
     let src = dir.join("src");
     if !src.join("Cargo.toml").exists() {
         std::fs::create_dir_all(&dir).expect("target/upgrade");
+        let known = |root: &PathBuf| {
+            Command::new("git")
+                .arg("-C")
+                .arg(root)
+                .args(["cat-file", "-e", &format!("{OLD_COMMIT}^{{commit}}")])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !known(&root) {
+            // A shallow clone: fetch the history the old build needs.
+            let _ = Command::new("git")
+                .arg("-C")
+                .arg(&root)
+                .args(["fetch", "--unshallow"])
+                .status();
+        }
+        assert!(
+            known(&root),
+            "commit {OLD_COMMIT} is not in this clone's history (and `git fetch --unshallow` \
+             did not bring it): the upgrade test builds it"
+        );
         run(Command::new("git")
             .arg("-C")
             .arg(&root)
