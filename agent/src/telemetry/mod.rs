@@ -66,9 +66,13 @@ pub(crate) fn init_logging(default_level: &str, format: LogFormat) {
     // journald or `kubectl logs` are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second init (tests) is harmless: keep the first subscriber.
-    let _ = tracing::subscriber::set_global_default(subscriber(filter, format, ansi, || {
-        EscapeLines(std::io::stderr())
-    }));
+    // `try_init` also routes the `log` crate's records (aya, hyper) here.
+    let _ = tracing_subscriber::util::SubscriberInitExt::try_init(subscriber(
+        filter,
+        format,
+        ansi,
+        || EscapeLines(std::io::stderr()),
+    ));
 }
 
 /// The subscriber [`init_logging`] starts, writing to `writer`.
