@@ -47,6 +47,10 @@ pub use sinks::{
     delivery::run as deliver,
     nats::{NatsConfig, NatsSink},
     slurm::scontrol::fields as scontrol_fields,
-    webhook::{EVENT_ID_HEADER, SIGNATURE_HEADER, WebhookConfig, WebhookSink},
+    webhook::{
+        EVENT_ID_HEADER, SECRET_PREFIX, SIGNATURE_HEADER, WEBHOOK_ID_HEADER,
+        WEBHOOK_SIGNATURE_HEADER, WEBHOOK_TIMESTAMP_HEADER, WebhookConfig, WebhookFormat,
+        WebhookSink,
+    },
 };
 pub use telemetry::Metrics;

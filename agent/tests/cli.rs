@@ -159,3 +159,99 @@ fn a_token_is_never_a_command_line_argument() {
         stderr(&out)
     );
 }
+
+#[test]
+fn status_without_an_agent_exits_2() {
+    let port = free_port();
+    for extra in [&[][..], &["--json"][..]] {
+        let agent = format!("http://127.0.0.1:{port}");
+        let mut args = vec!["status", "--agent", &agent];
+        args.extend_from_slice(extra);
+        let out = memwatch(&args);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("cannot reach the agent"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
+/// A real agent configured through MEMWATCH_* variables alone, logging
+/// JSON lines; its one worker (this test process) is over its soft cap, so
+/// `status` says `degraded` and exits 1.
+#[test]
+fn an_agent_from_the_environment_logs_json_and_status_says_degraded() {
+    use memwatch_test_support::agent::{Agent, Options};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("memwatch.toml");
+    fs::write(
+        &config,
+        format!(
+            "[[worker]]\nname = \"w1\"\npid = {}\nsoft_cap = \"1MiB\"\nunhealthy_after = \"1h\"\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let node = "env-node";
+    let agent = Agent::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_memwatch")),
+        &Options {
+            env: vec![
+                ("MEMWATCH_CONFIG".into(), config.display().to_string()),
+                ("MEMWATCH_SOURCE".into(), "poll".into()),
+                ("MEMWATCH_LOG_FORMAT".into(), "json".into()),
+                ("MEMWATCH_LOG".into(), "debug".into()),
+                ("MEMWATCH_NODE_NAME".into(), node.into()),
+            ],
+            log: true,
+            ..Options::default()
+        },
+    )
+    .expect("the agent starts");
+    let url = agent.base_url();
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let out = loop {
+        let out = memwatch(&["status", "--agent", &url]);
+        let code = out.status.code();
+        assert!(matches!(code, Some(0 | 1)), "{code:?}: {}", stderr(&out));
+        if code == Some(1) || std::time::Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(out.status.code(), Some(1), "degraded: {}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("DEGRADED"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = memwatch(&["status", "--json", "--agent", &url]);
+    assert_eq!(out.status.code(), Some(1));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["host"], node, "MEMWATCH_NODE_NAME");
+    assert_eq!(status["source"], "poll", "MEMWATCH_SOURCE");
+
+    let out = memwatch(&["events", "--json", "--agent", &url]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(first["kind"], "agent_started");
+    let out = memwatch(&["events", "--agent", &url]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().next().unwrap().contains(" agent_started"),
+        "{text}"
+    );
+
+    let log = agent.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "DEBUG"),
+        "MEMWATCH_LOG=debug: {log}"
+    );
+}

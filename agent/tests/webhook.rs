@@ -6,7 +6,8 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use memwatch::{
     Delivery, EVENT_ID_HEADER, Event, EventBody, EventKind, Metrics, Outbox, SIGNATURE_HEADER,
-    Secret, WebhookConfig, WebhookSink,
+    Secret, WEBHOOK_ID_HEADER, WEBHOOK_SIGNATURE_HEADER, WEBHOOK_TIMESTAMP_HEADER, WebhookConfig,
+    WebhookFormat, WebhookSink,
 };
 use memwatch_test_support::{
     http::free_port,
@@ -28,6 +29,7 @@ fn config(addr: SocketAddr, secret: Option<&str>) -> WebhookConfig {
         name: "test-hook".into(),
         url: format!("http://{addr}/hook").parse().unwrap(),
         secret: secret.map(|s| Secret(s.into())),
+        format: WebhookFormat::Memwatch,
         delivery: Delivery {
             batch_size: 4,
             batch_bytes: 64 << 10,
@@ -116,6 +118,19 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
             Some(batch[0].id.as_str()),
             "the id header names the first event"
         );
+        // The batch's id is made of its events': the same on every retry.
+        let batch_id = match batch.as_slice() {
+            [only] => only.id.clone(),
+            [first, .., last] => format!("{}_{}", first.id, last.id),
+            [] => panic!("an empty batch"),
+        };
+        assert_eq!(request.header(WEBHOOK_ID_HEADER), Some(batch_id.as_str()));
+        let sent: i64 = request
+            .header(WEBHOOK_TIMESTAMP_HEADER)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((chrono::Utc::now().timestamp() - sent).abs() < 120);
         assert!(batch.windows(2).all(|w| w[0].seq < w[1].seq), "{batch:?}");
         for event in &batch {
             // A duplicate is the same event: same id, same seq, same content.
@@ -132,9 +147,8 @@ async fn every_event_arrives_in_order_through_refusals_errors_and_hangs() {
         "acknowledged batches hold every event once, in seq order"
     );
     assert!(
-        requests
-            .iter()
-            .all(|r| r.header(SIGNATURE_HEADER).is_none())
+        requests.iter().all(|r| r.header(SIGNATURE_HEADER).is_none()
+            && r.header(WEBHOOK_SIGNATURE_HEADER).is_none())
     );
     assert_eq!(
         metrics
@@ -239,4 +253,160 @@ async fn a_receiver_that_refuses_big_batches_still_gets_every_event() {
         0,
         "none parked: each fits alone"
     );
+}
+
+/// docs/examples/webhook_receiver.py, run with python3: an independent
+/// implementation of Standard Webhooks verification, and of both formats.
+struct PythonReceiver {
+    child: std::process::Child,
+    port: u16,
+    verdicts: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl PythonReceiver {
+    fn start(secret: &str) -> PythonReceiver {
+        use std::io::BufRead as _;
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/examples/webhook_receiver.py"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args([script, "--port", "0"])
+            .env("MEMWATCH_WEBHOOK_SECRET", secret)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the example receiver");
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("a first line").unwrap();
+        let port = first
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("`listening <port>`, not {first:?}"));
+        let verdicts: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> =
+            std::sync::Arc::default();
+        let sink = std::sync::Arc::clone(&verdicts);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let verdict = serde_json::from_str(&line).expect("one JSON verdict per line");
+                sink.lock().unwrap().push(verdict);
+            }
+        });
+        PythonReceiver {
+            child,
+            port,
+            verdicts,
+        }
+    }
+
+    fn verdicts(&self) -> Vec<serde_json::Value> {
+        self.verdicts.lock().unwrap().clone()
+    }
+}
+
+impl Drop for PythonReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The sink's signed requests, both formats, verified and parsed by the
+/// Python example receiver; forged and stale requests are refused by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_receiver_verifies_both_formats() {
+    // A Standard Webhooks secret ("whsec_" + base64) and a raw one.
+    for (secret, format, name) in [
+        (
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            WebhookFormat::CloudEvents,
+            "cloudevents",
+        ),
+        ("a raw secret", WebhookFormat::Memwatch, "memwatch"),
+    ] {
+        let receiver = PythonReceiver::start(secret);
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h1", 100, metrics.clone());
+        let mut hook = config(
+            SocketAddr::from(([127, 0, 0, 1], receiver.port)),
+            Some(secret),
+        );
+        hook.format = format;
+        hook.delivery.timeout = Duration::from_secs(5);
+        let sink = WebhookSink::new(hook).unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(memwatch::deliver(sink, outbox.clone(), metrics, stopped));
+        for kind in [EventKind::OomKill, EventKind::WorkerUnhealthy] {
+            for _ in 0..3 {
+                outbox.append(EventBody::new(kind), None);
+            }
+        }
+        wait_until_async("delivery", Duration::from_secs(20), async || {
+            outbox.backlog("test-hook") == 0
+        })
+        .await;
+        stop.send(true).unwrap();
+        task.await.unwrap();
+
+        let verdicts = receiver.verdicts();
+        assert!(
+            verdicts.len() >= 2,
+            "6 events in batches of 4: {verdicts:?}"
+        );
+        let mut received = Vec::new();
+        for v in &verdicts {
+            assert_eq!(v["verified"], true, "{name}: {v}");
+            assert_eq!(v["format"], name, "{v}");
+            let events = v["events"].as_array().unwrap();
+            let first = events[0]["id"].as_str().unwrap();
+            let last = events[events.len() - 1]["id"].as_str().unwrap();
+            let expected_id = if events.len() == 1 {
+                first.to_string()
+            } else {
+                format!("{first}_{last}")
+            };
+            assert_eq!(v["webhook_id"], expected_id.as_str(), "{v}");
+            received.extend(events.iter().cloned());
+        }
+        let expected: Vec<serde_json::Value> = outbox
+            .read(0, 100)
+            .iter()
+            .map(|e| serde_json::json!({"id": e.id, "seq": e.seq, "kind": e.body.kind.as_str()}))
+            .collect();
+        assert_eq!(received, expected, "{name}: every event, once, in order");
+
+        // Forged (wrong key) and stale (an hour old) requests are refused.
+        let client = reqwest::Client::new();
+        let url = format!("http://127.0.0.1:{}/hook", receiver.port);
+        let now = chrono::Utc::now().timestamp();
+        let body = "[]";
+        let sign = |key: &[u8], ts: i64| {
+            let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+            mac.update(format!("x.{ts}.{body}").as_bytes());
+            use base64::Engine as _;
+            format!(
+                "v1,{}",
+                base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+            )
+        };
+        for (key, ts) in [(b"wrong".as_slice(), now), (secret.as_bytes(), now - 3600)] {
+            let answer = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .header(WEBHOOK_ID_HEADER, "x")
+                .header(WEBHOOK_TIMESTAMP_HEADER, ts.to_string())
+                .header(WEBHOOK_SIGNATURE_HEADER, sign(key, ts))
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 401);
+        }
+        let verdicts = receiver.verdicts();
+        let refused: Vec<_> = verdicts.iter().filter(|v| v["verified"] == false).collect();
+        assert_eq!(refused.len(), 2, "{verdicts:?}");
+        assert!(
+            refused[1]["error"].as_str().unwrap().contains("tolerance"),
+            "{refused:?}"
+        );
+    }
 }

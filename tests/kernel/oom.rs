@@ -84,9 +84,9 @@ async fn oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup() {
         metric(&metrics, "memwatch_oom_kills_total").expect("memwatch_oom_kills_total in /metrics");
     assert!(kills >= 1.0, "{metrics}");
 
-    // `memwatch events` prints the same event as one JSON line.
+    // `memwatch events --json` prints the same event as one JSON line.
     let out = Command::new(workspace_bin("memwatch"))
-        .args(["events", "--agent", &agent.base_url])
+        .args(["events", "--json", "--agent", &agent.base_url])
         .output()
         .expect("memwatch events");
     assert!(

@@ -8,6 +8,8 @@
 //!   (docs/architecture.md).
 //! - `bench`: setup, then benchmarks that print ratios measured side by side.
 //! - `image`: setup, release build, and the OCI image (buildah, no registry).
+//! - `dist`:  shell completions and man pages from the CLI's definitions,
+//!   in target/dist/.
 //! - `vm-test`: setup, then the kernel tests on Debian kernels booted in QEMU
 //!   (pure cgroup v2) and on this host; writes docs/kernels.md.
 
@@ -48,6 +50,9 @@ enum Task {
     },
     /// Set up, build (release) and write the OCI image to target/memwatch.oci.tar (as root, needs buildah).
     Image,
+    /// Set up, then write shell completions (bash, zsh, fish) and man pages,
+    /// made from memwatch's clap definitions, to target/dist/.
+    Dist,
     /// Set up, check formatting, lints and layers, build, and run every test.
     Test {
         /// Also run the kernel matrix (`vm-test`) after the tests; on by
@@ -118,6 +123,21 @@ fn run(task: Task) -> anyhow::Result<()> {
                 env!("CARGO_PKG_VERSION").to_string(),
             ];
             shell::run(&script, &args)
+        }
+        Task::Dist => {
+            setup::ensure()?;
+            let out = shell::workspace_root().join("target/dist");
+            shell::cargo(&[
+                "run".as_ref(),
+                "--quiet".as_ref(),
+                "--locked".as_ref(),
+                "-p".as_ref(),
+                "memwatch".as_ref(),
+                "--example".as_ref(),
+                "cli_docs".as_ref(),
+                "--".as_ref(),
+                out.as_os_str(),
+            ])
         }
         Task::Test { vm, no_lint, args } => {
             setup::ensure()?;

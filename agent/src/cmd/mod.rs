@@ -38,11 +38,15 @@ pub enum Command {
     /// 71 when the cgroup could not be set up; 126/127 when CMD cannot run.
     Exec(ExecArgs),
     /// Human summary of the local agent's health, workers and tasks.
+    ///
+    /// Exit status: 0 healthy, 1 degraded or unhealthy, 2 when the agent
+    /// could not be asked (or bad flags).
     Status(StatusArgs),
     /// What this kernel and these privileges allow, as a table, and which
     /// source `run` would use (exit 1 when none is usable).
     Doctor(DoctorArgs),
-    /// Print recent events from the local agent, one JSON object per line.
+    /// Print recent events from the local agent, one per line (`--json`:
+    /// one JSON object per line).
     Events(EventsArgs),
 }
 
@@ -113,13 +117,13 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// TOML config file; flags win over it.
-    #[arg(long, value_name = "FILE")]
+    /// TOML config file; flags (and their MEMWATCH_* variables) win over it.
+    #[arg(long, value_name = "FILE", env = "MEMWATCH_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address of the HTTP API [default: 127.0.0.1:9750]. Beyond loopback
     /// only with a token (`--api-token-file`, `--task-token-file` or
     /// `--read-token-file`).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "MEMWATCH_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// File holding the `admin` token: every route (replaces `api_token` /
     /// `api_token_file` of the config file).
@@ -136,16 +140,17 @@ pub struct RunArgs {
     /// The local API socket [default: /run/memwatch/api.sock]; local
     /// callers need no token there (root is admin, any other uid may
     /// register tasks and end its own).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "MEMWATCH_SOCKET")]
     pub socket: Option<PathBuf>,
     /// Name of this host on every event [default: the hostname].
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", env = "MEMWATCH_NODE_NAME")]
     pub node_name: Option<String>,
     /// Directory of the durable outbox [default: /var/lib/memwatch].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "MEMWATCH_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
-    /// POST events to this URL (repeatable; replaces `[[webhook]]` of the config file).
-    #[arg(long = "webhook", value_name = "URL")]
+    /// POST events to this URL (repeatable; replaces `[[webhook]]` of the
+    /// config file). MEMWATCH_WEBHOOK holds one URL.
+    #[arg(long = "webhook", value_name = "URL", env = "MEMWATCH_WEBHOOK")]
     pub webhooks: Vec<String>,
     /// Benchmarks only: attach an empty program to the growth hook instead
     /// of the growth program (`cargo xtask bench overhead` measures the
@@ -161,8 +166,16 @@ pub struct RunArgs {
     #[arg(long, hide = true, value_name = "BYTES")]
     pub probe_oom_ring_bytes: Option<u32>,
     /// Event source: `auto` (eBPF, else polling the cgroup files), `ebpf`, `poll`.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, env = "MEMWATCH_SOURCE")]
     pub source: Option<crate::config::SourceChoice>,
+    /// Log filter [default: `log_level` of the config file, else info],
+    /// e.g. `debug` or `memwatch=debug,info`. RUST_LOG, when set, wins.
+    #[arg(long, value_name = "FILTER", env = "MEMWATCH_LOG")]
+    pub log_level: Option<String>,
+    /// Log lines as text (colour only on a terminal) or one JSON object
+    /// each [default: `log_format` of the config file, else text].
+    #[arg(long, value_enum, value_name = "FORMAT", env = "MEMWATCH_LOG_FORMAT")]
+    pub log_format: Option<crate::telemetry::LogFormat>,
 }
 
 impl RunArgs {
@@ -180,6 +193,8 @@ impl RunArgs {
             probe_oom_by_pid: self.probe_oom_by_pid,
             probe_oom_ring_bytes: self.probe_oom_ring_bytes,
             source: self.source,
+            log_level: self.log_level.clone(),
+            log_format: self.log_format,
         }
     }
 }
@@ -197,6 +212,10 @@ pub struct EventsArgs {
     /// Keep printing new events as they come (until interrupted).
     #[arg(long, short)]
     pub follow: bool,
+    /// One JSON object per line (the events as `GET /v1/events` has
+    /// them), for scripts; without it a short line per event.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Exit status for configuration errors (clap uses 2 for bad flags too).
@@ -213,17 +232,20 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            crate::telemetry::init_logging(&config.log_level);
+            crate::telemetry::init_logging(&config.log_level, config.log_format);
             report(run::run(config).await)
         }
         Command::Events(args) => report(events::run(&args).await),
         Command::Status(args) => match status::run(&args).await {
             Ok(verdict) => ExitCode::from(status::exit_code(verdict)),
-            Err(error) => report(Err(error)),
+            Err(error) => {
+                eprintln!("memwatch: {error:#}");
+                ExitCode::from(status::EXIT_UNREACHABLE)
+            }
         },
         Command::Doctor(args) => doctor::run(&args),
         Command::Exec(args) => {
-            crate::telemetry::init_logging("warn");
+            crate::telemetry::init_logging("warn", crate::telemetry::LogFormat::Text);
             ExitCode::from(exec::exec(&args).await)
         }
     }

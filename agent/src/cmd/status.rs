@@ -25,15 +25,18 @@ pub(crate) async fn run(args: &StatusArgs) -> anyhow::Result<Health> {
     Ok(health.status)
 }
 
-/// Scripts can test the verdict: 0 healthy, 3 degraded, 4 unhealthy (1 is
-/// an error reaching the agent, 2 bad flags).
+/// Scripts and health checks can test the verdict: 0 healthy, 1 degraded
+/// or unhealthy ([`EXIT_UNREACHABLE`] when the agent could not be asked).
 pub(crate) fn exit_code(verdict: Health) -> u8 {
     match verdict {
         Health::Healthy => 0,
-        Health::Degraded => 3,
-        Health::Unhealthy => 4,
+        Health::Degraded | Health::Unhealthy => 1,
     }
 }
+
+/// The agent could not be asked (not running, no socket, a refused token);
+/// also clap's code for bad flags.
+pub(crate) const EXIT_UNREACHABLE: u8 = 2;
 
 fn render(health: &HealthBody, workers: &[WorkerView], tasks: &[TaskView]) -> String {
     let mut out = String::new();
@@ -172,7 +175,7 @@ mod exit_tests {
     #[test]
     fn the_exit_status_says_the_verdict() {
         assert_eq!(exit_code(Health::Healthy), 0);
-        assert_eq!(exit_code(Health::Degraded), 3);
-        assert_eq!(exit_code(Health::Unhealthy), 4);
+        assert_eq!(exit_code(Health::Degraded), 1);
+        assert_eq!(exit_code(Health::Unhealthy), 1);
     }
 }

@@ -24,6 +24,7 @@ use crate::{
     },
     outbox,
     sinks::{self, SinkConfig, config::InvalidKey, webhook::WebhookConfig},
+    telemetry::LogFormat,
 };
 
 /// Where the outbox database lives unless told otherwise.
@@ -61,6 +62,8 @@ pub struct Config {
     pub btf_path: PathBuf,
     /// `tracing` filter used when RUST_LOG is unset.
     pub log_level: String,
+    /// Text lines or JSON objects.
+    pub log_format: LogFormat,
     /// How often worker and task memory is read.
     pub sample_interval: Duration,
     /// The kernel reports each time a cgroup's usage grows by this much.
@@ -120,6 +123,7 @@ impl Default for Config {
             sinks: Vec::new(),
             btf_path: PathBuf::from(crate::probe::btf::VMLINUX_BTF),
             log_level: "info".into(),
+            log_format: LogFormat::Text,
             // A second: ten times faster than kubelet's eviction loop, cheap
             // (a few file reads per worker and task).
             sample_interval: Duration::from_secs(1),
@@ -158,6 +162,7 @@ pub(crate) struct FileConfig {
     pub heartbeat_interval: Option<String>,
     pub btf_path: Option<PathBuf>,
     pub log_level: Option<String>,
+    pub log_format: Option<LogFormat>,
     pub sample_interval: Option<Span>,
     pub growth_step: Option<Size>,
     pub source: Option<SourceChoice>,
@@ -226,6 +231,10 @@ pub struct Overrides {
     pub probe_oom_ring_bytes: Option<u32>,
     /// `--source`.
     pub source: Option<SourceChoice>,
+    /// `--log-level` (env `MEMWATCH_LOG`); `RUST_LOG` still wins.
+    pub log_level: Option<String>,
+    /// `--log-format` (env `MEMWATCH_LOG_FORMAT`).
+    pub log_format: Option<LogFormat>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -281,6 +290,12 @@ impl Config {
         if let Some(source) = overrides.source {
             config.source = source;
         }
+        if let Some(level) = &overrides.log_level {
+            config.log_level = level.clone();
+        }
+        if let Some(format) = overrides.log_format {
+            config.log_format = format;
+        }
         if let Some(name) = &overrides.node_name {
             config.node_name = name.clone();
         }
@@ -311,6 +326,7 @@ impl Config {
             heartbeat_interval,
             btf_path,
             log_level,
+            log_format,
             sample_interval,
             growth_step,
             source,
@@ -345,6 +361,7 @@ impl Config {
         }
         set(&mut self.btf_path, btf_path);
         set(&mut self.log_level, log_level);
+        set(&mut self.log_format, log_format);
         set(&mut self.sample_interval, sample_interval.map(|s| s.0));
         set(&mut self.growth_step, growth_step.map(|s| s.0));
         set(&mut self.source, source);

@@ -1,5 +1,5 @@
 use super::*;
-use crate::sinks::config::Secret;
+use crate::sinks::{config::Secret, webhook::WebhookFormat};
 
 fn file(text: &str) -> tempfile::NamedTempFile {
     let f = tempfile::NamedTempFile::new().unwrap();
@@ -142,6 +142,7 @@ fn delivery_keys_parse_with_defaults() {
         "state_dir = \"/tmp/x\"\noutbox_max_age = \"2d\"\nheartbeat_interval = \"5s\"\n\
          [[webhook]]\nurl = \"http://127.0.0.1:1/hook\"\nsecret = \"s3\"\ntimeout = \"3s\"\n\
          [[webhook]]\nname = \"sched\"\nurl = \"https://sched.example/e\"\nbatch_size = 10\n\
+         format = \"cloudevents\"\n\
          [[nats]]\nurl = \"nats://127.0.0.1:4222\"\n",
     );
     let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
@@ -152,7 +153,9 @@ fn delivery_keys_parse_with_defaults() {
     assert_eq!(hooks[0].name, "webhook-1");
     assert_eq!(hooks[0].secret, Some(Secret("s3".into())));
     assert_eq!(hooks[0].delivery.timeout, Duration::from_secs(3));
+    assert_eq!(hooks[0].format, WebhookFormat::Memwatch, "the default");
     assert_eq!(hooks[1].name, "sched");
+    assert_eq!(hooks[1].format, WebhookFormat::CloudEvents);
     assert_eq!(hooks[1].delivery.batch_size, 10);
     let SinkConfig::Nats(nats) = &c.sinks[2] else {
         panic!("{:?}", c.sinks)
@@ -193,6 +196,14 @@ fn bad_delivery_values_are_named() {
         (
             "[[webhook]]\nurl = \"http://x\"\ntimeout = \"0s\"\n",
             "`webhook[0].timeout`",
+        ),
+        (
+            "[[webhook]]\nurl = \"http://x\"\nformat = \"cloudevent\"\n",
+            "`webhook[0].format` is `cloudevent`: must be one of \"memwatch\", \"cloudevents\"",
+        ),
+        (
+            "[[webhook]]\nurl = \"http://x\"\nsecret = \"whsec_%%%\"\n",
+            "`webhook[0].secret` starts with `whsec_` but the rest is not base64",
         ),
         (
             "[[nats]]\nurl = \"n:1\"\nsubject = \"a.>\"\n",

@@ -64,9 +64,10 @@ impl Pipeline {
                 info!(
                     seq = event.seq,
                     pid = victim.pid,
-                    comm = %victim.comm,
-                    cgroup = event.body.cgroup.as_deref().unwrap_or("?"),
-                    task_id = event.body.task_id.as_deref().unwrap_or("-"),
+                    // Debug: quoted and escaped, the workload names them.
+                    comm = ?victim.comm,
+                    cgroup = ?event.body.cgroup.as_deref().unwrap_or("?"),
+                    task_id = ?event.body.task_id.as_deref().unwrap_or("-"),
                     rss_bytes = victim.rss_bytes(),
                     "OOM kill"
                 );
@@ -104,7 +105,7 @@ impl Pipeline {
             ));
             let event = self.recorder.record(body, Some(count.time));
             self.monitor.store(task_ended, tokio::time::Instant::now());
-            info!(seq = event.seq, cgroup = %count.cgroup.display(), "OOM kill (polled)");
+            info!(seq = event.seq, cgroup = ?count.cgroup, "OOM kill (polled)");
         }
     }
 

@@ -476,13 +476,13 @@ impl Outbox {
         self.lock()
             .store
             .save_task(task)
-            .map_err(|error| warn!(%error, task_id = %task.task_id, "cannot keep the task"))
+            .map_err(|error| warn!(%error, task_id = ?task.task_id, "cannot keep the task"))
             .is_ok()
     }
 
     pub(crate) fn remove_task(&self, task_id: &str) {
         if let Err(error) = self.lock().store.remove_task(task_id) {
-            warn!(%error, %task_id, "cannot forget the ended task");
+            warn!(%error, ?task_id, "cannot forget the ended task");
         }
     }
 

@@ -531,10 +531,14 @@ impl Store {
             match serde_json::from_str::<TaskRow>(&json) {
                 Ok(row) if row.v <= TASK_ROW_VERSION => tasks.push(row.task),
                 Ok(row) => {
-                    tracing::warn!(%task_id, version = row.v, "a kept task of a newer build: skipped")
+                    tracing::warn!(
+                        ?task_id,
+                        version = row.v,
+                        "a kept task of a newer build: skipped"
+                    )
                 }
                 Err(error) => {
-                    tracing::warn!(%task_id, %error, "a kept task does not parse: skipped")
+                    tracing::warn!(?task_id, %error, "a kept task does not parse: skipped")
                 }
             }
         }

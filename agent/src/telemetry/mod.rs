@@ -49,19 +49,88 @@ pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_tot
 pub(crate) const API_CONNECTIONS_REFUSED_TOTAL: &str = "memwatch_api_connections_refused_total";
 pub(crate) const STATE_QUARANTINED_TOTAL: &str = "memwatch_state_quarantined_total";
 
+/// How log lines are written (`--log-format`, `log_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One line of text per event, `key=value` fields; colour only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON formatter).
+    Json,
+}
+
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
-pub(crate) fn init_logging(default_level: &str) {
+pub(crate) fn init_logging(default_level: &str, format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     // Colour only for a person at a terminal: escape codes in a file,
     // journald or `kubectl logs` are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second init (tests) is harmless: keep the first subscriber.
-    let _ = tracing_subscriber::fmt()
+    // `try_init` also routes the `log` crate's records (aya, hyper) here.
+    let _ = tracing_subscriber::util::SubscriberInitExt::try_init(subscriber(
+        filter,
+        format,
+        ansi,
+        || EscapeLines(std::io::stderr()),
+    ));
+}
+
+/// The subscriber [`init_logging`] starts, writing to `writer`.
+fn subscriber<W>(
+    filter: EnvFilter,
+    format: LogFormat,
+    ansi: bool,
+    writer: W,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(writer);
+    match format {
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Json => Box::new(builder.json().with_ansi(false).finish()),
+    }
+}
+
+/// A writer that keeps one log event on one line: every line break (and
+/// carriage return) but the one ending the event is written as `\n`
+/// (`\r`). The strings a workload controls (a victim's `comm`, task ids,
+/// cgroup paths, error texts that quote them) are logged with `%` in many
+/// places; a newline in one must not forge a log line. The formatter
+/// writes each event whole, in one `write`. (tracing-subscriber escapes
+/// ANSI sequences in fields itself; JSON escapes everything.)
+pub(crate) struct EscapeLines<W>(pub W);
+
+impl<W: std::io::Write> std::io::Write for EscapeLines<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let (body, end) = match buf.split_last() {
+            Some((b'\n', body)) => (body, &b"\n"[..]),
+            _ => (buf, &b""[..]),
+        };
+        if !body.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+            self.0.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                _ => out.push(b),
+            }
+        }
+        out.extend_from_slice(end);
+        self.0.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// Every metric the agent exports. Cheap to clone (handles are shared).
@@ -324,5 +393,81 @@ impl Metrics {
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         registry.register(Box::new(build))?;
         Ok(metrics)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// A log destination the test reads back.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(format: LogFormat, log: impl FnOnce()) -> String {
+        let buffer = Buffer::default();
+        let out = buffer.clone();
+        let subscriber = subscriber(EnvFilter::new("info"), format, false, move || {
+            EscapeLines(out.clone())
+        });
+        tracing::subscriber::with_default(subscriber, log);
+        String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// A victim's `comm`, a task id and a cgroup path are the workload's:
+    /// a line break in one must not forge a log line, whether logged with
+    /// `%` (Display) or `?` (Debug).
+    #[test]
+    fn a_workload_string_with_a_newline_is_one_log_line() {
+        let comm = "evil\nERROR memwatch: forged";
+        let text = logged(LogFormat::Text, || {
+            tracing::info!(comm = %comm, task_id = %"t\r1", cgroup = ?"/a\nb", "OOM kill");
+            tracing::warn!("second {}", "line\nbreak");
+        });
+        assert_eq!(text.matches('\n').count(), 2, "{text:?}");
+        let first = text.lines().next().unwrap();
+        assert!(first.contains("OOM kill"), "{first}");
+        assert!(
+            first.contains(r"comm=evil\nERROR memwatch: forged"),
+            "{first}"
+        );
+        assert!(first.contains(r"task_id=t\r1"), "{first}");
+        assert!(first.contains(r#"cgroup="/a\nb""#), "{first}");
+        assert!(!text.contains('\x1b'), "no colour off a terminal: {text:?}");
+    }
+
+    #[test]
+    fn json_logs_are_one_object_per_line_with_the_fields() {
+        let text = logged(LogFormat::Json, || {
+            tracing::info!(comm = %"a\nb", seq = 7, "OOM kill");
+        });
+        assert_eq!(text.lines().count(), 1, "{text:?}");
+        let line: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["fields"]["message"], "OOM kill");
+        assert_eq!(line["fields"]["comm"], "a\nb");
+        assert_eq!(line["fields"]["seq"], 7);
+    }
+
+    #[test]
+    fn escape_lines_keeps_the_final_newline_only() {
+        let mut out = Vec::new();
+        std::io::Write::write_all(&mut EscapeLines(&mut out), b"a\nb\r\n").unwrap();
+        assert_eq!(
+            out,
+            br"a\nb\r".iter().chain(b"\n").copied().collect::<Vec<u8>>()
+        );
     }
 }

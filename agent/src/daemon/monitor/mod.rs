@@ -334,11 +334,11 @@ impl Monitor {
             match alive.then(|| watchdog.restore(req, now)) {
                 Some(Ok(())) => restored += 1,
                 Some(Err(error)) => {
-                    warn!(%task_id, %error, "a kept task cannot come back");
+                    warn!(?task_id, %error, "a kept task cannot come back");
                     outbox.remove_task(&task_id);
                 }
                 None => {
-                    info!(%task_id, "a kept task ended while the agent was down");
+                    info!(?task_id, "a kept task ended while the agent was down");
                     outbox.remove_task(&task_id);
                 }
             }
