@@ -66,12 +66,20 @@ pub(crate) fn guard() -> anyhow::Result<()> {
             if out.status.success() {
                 passed += 1;
             } else {
+                let stderr = String::from_utf8_lossy(&out.stderr);
                 let why = stdout
                     .lines()
                     .skip_while(|l| !l.contains("panicked at"))
                     .take(3)
                     .collect::<Vec<_>>()
                     .join(" / ");
+                let why = if why.is_empty() {
+                    // Not a test's panic (a build, the harness): its last words.
+                    let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+                } else {
+                    why
+                };
                 eprintln!("bench guard: {test} run {run} FAILED: {why}");
             }
             eprintln!(
