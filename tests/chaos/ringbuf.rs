@@ -23,7 +23,7 @@ fn cgroups_to_churn() -> usize {
 }
 
 /// The kernel's count of records a full ring had no room for.
-const RINGBUF_FULL: &str = "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}";
+const RINGBUF_FULL: &str = "memwatch_probe_records_lost_total";
 
 /// The value of a counter series in `/metrics`, 0 while it is not there.
 fn counter(text: &str, series: &str) -> f64 {
@@ -52,14 +52,7 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
     let _serial = SERIAL.lock().await;
     let agent = Agent::start(&[]).await;
     let (_, metrics) = agent.get("/metrics").await;
-    assert_eq!(
-        counter(
-            &metrics,
-            "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}"
-        ),
-        0.0,
-        "{metrics}"
-    );
+    assert_eq!(counter(&metrics, RINGBUF_FULL), 0.0, "{metrics}");
     let parent = Path::new("/sys/fs/cgroup/memory")
         .join(format!("memwatch-chaos-ring-{}", std::process::id()));
     std::fs::create_dir(&parent).expect("a v1 memory cgroup");
@@ -80,10 +73,7 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (_, metrics) = agent.get("/metrics").await;
-        let kernel = counter(
-            &metrics,
-            "memwatch_probe_kernel_total{counter=\"ringbuf_full\"}",
-        );
+        let kernel = counter(&metrics, RINGBUF_FULL);
         let dropped = counter(
             &metrics,
             "memwatch_events_dropped_total{reason=\"ringbuf_full\"}",

@@ -80,8 +80,8 @@ async fn oom_kill_in_a_memory_cgroup_is_reported_with_pid_comm_and_cgroup() {
     );
 
     let (_, metrics) = agent.get("/metrics").await;
-    let kills =
-        metric(&metrics, "memwatch_oom_kills_total").expect("memwatch_oom_kills_total in /metrics");
+    let kills = metric(&metrics, "memwatch_oom_kills_total{constraint=\"cgroup\"}")
+        .expect("memwatch_oom_kills_total{constraint=\"cgroup\"} in /metrics");
     assert!(kills >= 1.0, "{metrics}");
 
     // `memwatch events --json` prints the same event as one JSON line.

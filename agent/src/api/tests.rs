@@ -170,6 +170,18 @@ async fn metrics_export_oom_counter() {
         body.contains("# TYPE memwatch_oom_kills_total counter"),
         "{body}"
     );
+    // One series per constraint from the start; one metric per probe
+    // counter; the process's own cost.
+    for series in [
+        "memwatch_oom_kills_total{constraint=\"cgroup\"} 0",
+        "memwatch_oom_kills_total{constraint=\"global\"} 0",
+        "memwatch_probe_records_lost_total 0",
+        "memwatch_probe_oom_victims_total 0",
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+    ] {
+        assert!(body.contains(series), "{series} in {body}");
+    }
     assert!(
         body.contains("memwatch_events_total{kind=\"oom_kill\"} 1"),
         "{body}"

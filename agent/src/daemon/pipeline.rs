@@ -237,7 +237,12 @@ mod tests {
             Some("w1"),
             "victim inside the worker's cgroup"
         );
-        assert_eq!(metrics.oom_kills.get(), 1);
+        // No limit anywhere up the (fake) hierarchy: a global kill.
+        assert_eq!(
+            e.constraint,
+            Some(crate::model::event::OomConstraint::Global)
+        );
+        assert_eq!(metrics.oom_kills.with_label_values(&["global"]).get(), 1);
     }
 
     #[tokio::test]

@@ -60,7 +60,8 @@ impl CounterPublisher {
 
 /// Moves the kernel counters' growth into the Prometheus counters.
 fn publish_counters(metrics: &Metrics, last: &[u64], now: &[u64]) {
-    for ((counter, before), after) in ProbeCounter::ALL.iter().zip(last).zip(now) {
+    let counters = ProbeCounter::ALL.iter().zip(&metrics.probe_counters);
+    for (((counter, metric), before), after) in counters.zip(last).zip(now) {
         let delta = after.saturating_sub(*before);
         if delta == 0 {
             continue;
@@ -71,10 +72,7 @@ fn publish_counters(metrics: &Metrics, last: &[u64], now: &[u64]) {
                 .with_label_values(&["ringbuf_full"])
                 .inc_by(delta);
         }
-        metrics
-            .probe_kernel
-            .with_label_values(&[counter.name()])
-            .inc_by(delta);
+        metric.inc_by(delta);
     }
 }
 
@@ -92,8 +90,8 @@ mod tests {
         last = now;
         now[ProbeCounter::RingbufFull as usize] = 5;
         publish_counters(&metrics, &last, &now);
-        let name = ProbeCounter::RingbufFull.name();
-        assert_eq!(metrics.probe_kernel.with_label_values(&[name]).get(), 5);
+        let lost = &metrics.probe_counters[ProbeCounter::RingbufFull as usize];
+        assert_eq!(lost.get(), 5);
         assert_eq!(
             metrics
                 .events_dropped

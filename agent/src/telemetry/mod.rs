@@ -7,6 +7,7 @@
 pub(crate) mod liveness;
 pub(crate) mod notify;
 
+use agent_common::ProbeCounter;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tracing_subscriber::EnvFilter;
 
@@ -15,7 +16,12 @@ pub(crate) const EVENTS_TOTAL: &str = "memwatch_events_total";
 pub(crate) const EVENTS_DROPPED_TOTAL: &str = "memwatch_events_dropped_total";
 pub(crate) const PROBE_READY: &str = "memwatch_probe_ready";
 pub(crate) const PROBE_SOURCE: &str = "memwatch_probe_source";
-pub(crate) const PROBE_KERNEL_TOTAL: &str = "memwatch_probe_kernel_total";
+pub(crate) const PROBE_OOM_VICTIMS_TOTAL: &str = "memwatch_probe_oom_victims_total";
+pub(crate) const PROBE_RECORDS_LOST_TOTAL: &str = "memwatch_probe_records_lost_total";
+pub(crate) const PROBE_READ_ERRORS_TOTAL: &str = "memwatch_probe_read_errors_total";
+pub(crate) const PROBE_GROWTH_RUNS_TOTAL: &str = "memwatch_probe_growth_runs_total";
+pub(crate) const PROBE_GROWTH_CHECKS_TOTAL: &str = "memwatch_probe_growth_checks_total";
+pub(crate) const PROBE_GROWTH_RECORDS_TOTAL: &str = "memwatch_probe_growth_records_total";
 pub(crate) const BUILD_INFO: &str = "memwatch_build_info";
 pub(crate) const WORKER_MEMORY_BYTES: &str = "memwatch_worker_memory_bytes";
 pub(crate) const WORKER_RESIDUAL_BYTES: &str = "memwatch_worker_residual_bytes";
@@ -133,10 +139,35 @@ impl<W: std::io::Write> std::io::Write for EscapeLines<W> {
     }
 }
 
+/// The metric of one of the eBPF programs' own counters: its name and help.
+pub(crate) fn probe_counter_metric(counter: ProbeCounter) -> (&'static str, &'static str) {
+    match counter {
+        ProbeCounter::OomSeen => (PROBE_OOM_VICTIMS_TOTAL, "OOM victims the eBPF program saw."),
+        ProbeCounter::RingbufFull => (
+            PROBE_RECORDS_LOST_TOTAL,
+            "Records the eBPF programs could not send: their ring buffer was full.",
+        ),
+        ProbeCounter::ReadErrors => (
+            PROBE_READ_ERRORS_TOTAL,
+            "Kernel reads the eBPF programs could not make (a victim reported partly).",
+        ),
+        ProbeCounter::GrowthRuns => (PROBE_GROWTH_RUNS_TOTAL, "Runs of the memory growth hook."),
+        ProbeCounter::GrowthChecks => (
+            PROBE_GROWTH_CHECKS_TOTAL,
+            "Growth hook runs that checked a cgroup's lines.",
+        ),
+        ProbeCounter::GrowthRecords => {
+            (PROBE_GROWTH_RECORDS_TOTAL, "Growth lines the kernel sent.")
+        }
+    }
+}
+
 /// Every metric the agent exports. Cheap to clone (handles are shared).
 #[derive(Clone)]
 pub struct Metrics {
-    pub oom_kills: IntCounter,
+    /// OOM kills reported, by `constraint` (`cgroup`, `global`, or
+    /// `unknown` for a kill recovered from the counters).
+    pub oom_kills: IntCounterVec,
     /// Events appended to the outbox, by kind.
     pub events: IntCounterVec,
     /// Events lost, by reason (`outbox_full`, `ringbuf_full`, …).
@@ -145,8 +176,9 @@ pub struct Metrics {
     pub probe_ready: IntGauge,
     /// 1 for the event source in use (`ebpf` or `poll`).
     pub probe_source: IntGaugeVec,
-    /// The eBPF programs' own counters, by name (oom_seen, ringbuf_full, read_errors).
-    pub probe_kernel: IntCounterVec,
+    /// The eBPF programs' own counters, one metric each, in
+    /// [`ProbeCounter::ALL`] order (see [`probe_counter_metric`]).
+    pub probe_counters: Vec<IntCounter>,
     /// Per worker (configured, so few): memory, residual memory, soft cap.
     pub worker_memory: IntGaugeVec,
     pub worker_residual: IntGaugeVec,
@@ -194,13 +226,12 @@ pub struct Metrics {
 
 impl Metrics {
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        vec![
+        let mut all: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(self.oom_kills.clone()),
             Box::new(self.events.clone()),
             Box::new(self.events_dropped.clone()),
             Box::new(self.probe_ready.clone()),
             Box::new(self.probe_source.clone()),
-            Box::new(self.probe_kernel.clone()),
             Box::new(self.worker_memory.clone()),
             Box::new(self.worker_residual.clone()),
             Box::new(self.worker_soft_cap.clone()),
@@ -224,7 +255,13 @@ impl Metrics {
             Box::new(self.sink_backlog.clone()),
             Box::new(self.scheduler_actions.clone()),
             Box::new(self.api_connections_refused.clone()),
-        ]
+        ];
+        all.extend(
+            self.probe_counters
+                .iter()
+                .map(|c| Box::new(c.clone()) as Box<dyn prometheus::core::Collector>),
+        );
+        all
     }
 
     /// Counts what an event says happened (transitions, rejections, crossings).
@@ -250,7 +287,12 @@ impl Metrics {
                 self.soft_cap_crossings.with_label_values(&[scope]).inc();
             }
             EventKind::OomKill => {
-                self.oom_kills.inc();
+                let constraint = match event.constraint {
+                    Some(crate::model::event::OomConstraint::Cgroup) => "cgroup",
+                    Some(crate::model::event::OomConstraint::Global) => "global",
+                    None => "unknown",
+                };
+                self.oom_kills.with_label_values(&[constraint]).inc();
                 if event.worker.is_some() {
                     self.task_oom_kills.with_label_values(&[worker]).inc()
                 }
@@ -264,7 +306,10 @@ impl Metrics {
     // scatter the list.
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
         let metrics = Self {
-            oom_kills: IntCounter::new(OOM_KILLS_TOTAL, "OOM kills reported by the kernel.")?,
+            oom_kills: IntCounterVec::new(
+                Opts::new(OOM_KILLS_TOTAL, "OOM kills reported by the kernel."),
+                &["constraint"],
+            )?,
             events: IntCounterVec::new(
                 Opts::new(EVENTS_TOTAL, "Events appended to the outbox."),
                 &["kind"],
@@ -281,10 +326,13 @@ impl Metrics {
                 Opts::new(PROBE_SOURCE, "1 for the event source in use."),
                 &["source"],
             )?,
-            probe_kernel: IntCounterVec::new(
-                Opts::new(PROBE_KERNEL_TOTAL, "Counters kept by the eBPF programs."),
-                &["counter"],
-            )?,
+            probe_counters: ProbeCounter::ALL
+                .iter()
+                .map(|c| {
+                    let (name, help) = probe_counter_metric(*c);
+                    IntCounter::new(name, help)
+                })
+                .collect::<Result<_, _>>()?,
             worker_memory: gauge(
                 WORKER_MEMORY_BYTES,
                 "Worker memory (cgroup working set or process RSS).",
@@ -386,12 +434,21 @@ impl Metrics {
                 &["what"],
             )?,
         };
+        // The known constraints are series from the start (at 0).
+        for constraint in ["cgroup", "global", "unknown"] {
+            metrics.oom_kills.with_label_values(&[constraint]);
+        }
         for collector in metrics.collectors() {
             registry.register(collector)?;
         }
         let build = IntGaugeVec::new(Opts::new(BUILD_INFO, "Agent version."), &["version"])?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         registry.register(Box::new(build))?;
+        // The agent's own cost, as every Prometheus exporter shows it:
+        // process_cpu_seconds_total, process_resident_memory_bytes, …
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         Ok(metrics)
     }
 }

@@ -2,7 +2,7 @@
 
 /// The value of one series, written as the agent exposes it: a name
 /// (`memwatch_oom_kills_total`) or a name with its labels
-/// (`memwatch_probe_kernel_total{counter="ringbuf_full"}`). `None` when no
+/// (`memwatch_oom_kills_total{constraint="cgroup"}`). `None` when no
 /// line holds exactly that series.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
     crate::line_value(text, series)
