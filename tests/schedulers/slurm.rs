@@ -327,3 +327,74 @@ async fn slurm_two_hosts_never_drain_the_whole_partition() {
         held.body.reason.unwrap_or_default()
     );
 }
+
+/// Slurm's controller down while a worker turns unhealthy and recovers:
+/// the drain memwatch could not make while it was down is not made when it
+/// comes back (the worker is healthy by then): nothing is drained, and the
+/// agent says why (`action_skipped`). The outage lasts as long as the
+/// episode needs here (~10 s), not a minute: the sink retries the same
+/// batch with backoff (capped at 2 s in this test) whatever the length.
+#[tokio::test]
+async fn slurm_down_while_a_worker_is_unhealthy_then_recovers_drains_nothing() {
+    const TEST: &str = "slurm_down_while_a_worker_is_unhealthy_then_recovers_drains_nothing";
+    if !setup(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut cluster = SlurmCluster::start();
+    let worker = TestCgroup::create("slurm-down-n1");
+    let agent = Agent::start_with_config(&format!(
+        "sample_interval = \"200ms\"\n\
+         [[worker]]\nname = \"n1w\"\ncgroup = \"{}\"\nsoft_cap = \"100MiB\"\nunhealthy_after = \"2s\"\nrecover_after = \"2s\"\n{}",
+        worker.path_str(),
+        sink_config(&cluster, "nodes = { n1w = \"n1\" }\n")
+    ))
+    .await;
+    let down = Instant::now();
+    tokio::task::block_in_place(|| cluster.stop_controller());
+
+    let hog = Guarded(
+        memhog_in(worker.path(), 200, 120)
+            .spawn()
+            .expect("spawn memhog"),
+    );
+    agent
+        .wait_for_event(Duration::from_secs(30), "worker_unhealthy", |e| {
+            e.body.kind == EventKind::WorkerUnhealthy
+        })
+        .await;
+    drop(hog);
+    agent
+        .wait_for_event(Duration::from_secs(30), "worker_recovered", |e| {
+            e.body.kind == EventKind::WorkerRecovered
+        })
+        .await;
+    let outage = down.elapsed();
+    tokio::task::block_in_place(|| cluster.start_controller());
+
+    // The sink's retries reach Slurm again (2 s apart at most): watch n1.
+    let skipped = agent
+        .wait_for_event(Duration::from_secs(30), "action_skipped", |e| {
+            e.body.kind == EventKind::ActionSkipped
+        })
+        .await;
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(6) {
+        let state = state_of(&cluster, "n1");
+        assert!(
+            !state.starts_with("drain"),
+            "n1 drained after the outage: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(cluster.drain_reasons().trim().is_empty());
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        !metrics.contains("memwatch_scheduler_actions_total{action=\"drain\""),
+        "{metrics}"
+    );
+    println!(
+        "Slurm down {outage:?} while n1w turned unhealthy and recovered: nothing drained when it came back; {}",
+        skipped.body.reason.unwrap_or_default()
+    );
+}

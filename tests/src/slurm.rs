@@ -47,7 +47,8 @@ pub struct SlurmCluster {
     pub dir: tempfile::TempDir,
     // Dropped (killed) in this order: nodes, controller, munge.
     nodes: Vec<Guarded>,
-    _ctld: Guarded,
+    /// The controller; `None` while stopped ([`SlurmCluster::stop_controller`]).
+    ctld: Option<Guarded>,
     _munged: Guarded,
 }
 
@@ -141,7 +142,7 @@ impl SlurmCluster {
         let mut cluster = SlurmCluster {
             dir,
             nodes,
-            _ctld: ctld,
+            ctld: Some(ctld),
             _munged: munged,
         };
         loop {
@@ -160,6 +161,38 @@ impl SlurmCluster {
             std::thread::sleep(Duration::from_millis(100));
         }
         cluster
+    }
+
+    /// Stops slurmctld (SIGTERM; its state is saved): every Slurm command
+    /// fails until [`SlurmCluster::start_controller`].
+    pub fn stop_controller(&mut self) {
+        if let Some(ctld) = self.ctld.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(ctld.id() as i32, libc::SIGTERM) };
+            let mut ctld = ctld;
+            let deadline = Instant::now() + START_TIMEOUT;
+            while ctld.0.try_wait().ok().flatten().is_none() {
+                assert!(Instant::now() < deadline, "slurmctld did not stop");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Starts slurmctld again from its saved state and waits until it
+    /// answers (bounded).
+    pub fn start_controller(&mut self) {
+        assert!(self.ctld.is_none(), "slurmctld runs already");
+        self.ctld = Some(spawn(
+            Command::new("slurmctld")
+                .arg("-D")
+                .arg("-f")
+                .arg(self.conf()),
+        ));
+        let deadline = Instant::now() + START_TIMEOUT;
+        while self.node_states().len() != 2 {
+            assert!(Instant::now() < deadline, "slurmctld did not come back");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     pub fn conf(&self) -> PathBuf {
