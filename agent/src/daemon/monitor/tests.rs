@@ -21,6 +21,7 @@ mod basics {
             soft_cap: None,
             unhealthy_after: Duration::from_secs(60),
             recover_after: Duration::from_secs(30),
+            pressure: None,
         };
         let hierarchy = MemoryHierarchy {
             root: root.into(),
@@ -136,6 +137,7 @@ mod restart {
             soft_cap: Some(100 * MIB),
             unhealthy_after: Duration::from_secs(60),
             recover_after: Duration::from_secs(30),
+            pressure: None,
         };
         let m = Monitor::new(
             vec![worker],
@@ -362,6 +364,7 @@ mod rejections {
                 soft_cap: Some(100 * MIB),
                 unhealthy_after: Duration::from_secs(60),
                 recover_after: Duration::from_secs(30),
+                pressure: None,
             }],
             Settings::default(),
             Vec::new(),

@@ -16,6 +16,7 @@ fn spec(name: &str, cap: u64) -> WorkerSpec {
         soft_cap: Some(cap),
         unhealthy_after: Duration::from_secs(60),
         recover_after: Duration::from_secs(30),
+        pressure: None,
     }
 }
 
