@@ -225,11 +225,19 @@ some=
         let parsed = parse(text);
         assert_eq!(parsed.malformed, 6, "{parsed:?}");
         let p = parsed.pressure.unwrap();
-        assert!((p.some.avg10 - 0.02).abs() < 1e-12, "a later key is ignored");
+        assert!(
+            (p.some.avg10 - 0.02).abs() < 1e-12,
+            "a later key is ignored"
+        );
         assert_eq!(p.some.total_us, 99);
         assert_eq!(p.full, None, "no well-formed full line");
         // Nothing usable at all.
-        for text in ["", "\n\n", "full avg10=1 avg60=1 avg300=1 total=1", "\u{0}\u{ff}"] {
+        for text in [
+            "",
+            "\n\n",
+            "full avg10=1 avg60=1 avg300=1 total=1",
+            "\u{0}\u{ff}",
+        ] {
             assert_eq!(parse(text).pressure, None, "{text:?}");
         }
     }

@@ -17,8 +17,8 @@ pub(crate) use self::kubernetes::{Kubernetes, KubernetesFile};
 use crate::{
     model::{
         spec::{
-            DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, MemorySource, OnResidualOverCap, PressureRule,
-            Rule, Settings, WorkerSpec, basis_points,
+            DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, MemorySource, OnResidualOverCap,
+            PressureRule, Rule, Settings, WorkerSpec, basis_points,
         },
         units::{Size, Span},
     },

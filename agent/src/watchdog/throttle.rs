@@ -60,12 +60,13 @@ mod tests {
     async fn said_once_per_episode_and_re_armed_by_a_minute_of_stillness() {
         let mut t = HighThrottle::default();
         let tick = Duration::from_secs(10);
-        let mut at = Instant::now();
+        let start = Instant::now();
+        let mut at = start;
         let mut step = |t: &mut HighThrottle, high| {
             at += tick;
             t.observe(high, at)
         };
-        assert_eq!(t.observe(5, at), None, "first reading: a baseline");
+        assert_eq!(t.observe(5, start), None, "first reading: a baseline");
         assert_eq!(step(&mut t, 9), None, "moving since before we looked");
         assert_eq!(step(&mut t, 9), None, "still: armed");
         assert_eq!(step(&mut t, 12), Some(3), "starts being throttled");

@@ -473,3 +473,96 @@ pub(crate) fn bytes(n: u64) -> String {
         format!("{value:.1} {}", UNITS[unit])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state directory keeps causes as JSON: those written by builds
+    /// before the pressure rule still parse, and the new one round-trips.
+    #[test]
+    fn kept_causes_of_every_build_parse() {
+        let old = [
+            (
+                r#"{"kind":"residual","residual":3,"memory":5,"cap":2}"#,
+                Cause::Residual {
+                    residual: 3,
+                    memory: 5,
+                    cap: 2,
+                },
+            ),
+            (
+                r#"{"kind":"unmanaged","memory":5,"cap":2,"secs":61}"#,
+                Cause::Unmanaged {
+                    memory: 5,
+                    cap: 2,
+                    secs: 61,
+                },
+            ),
+        ];
+        for (json, cause) in old {
+            assert_eq!(serde_json::from_str::<Cause>(json).unwrap(), cause);
+        }
+        let pressure = Cause::Pressure {
+            some_avg10_bp: 3050,
+            limit_bp: 2000,
+            secs: 60,
+        };
+        let json = serde_json::to_value(&pressure).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "pressure", "some_avg10_bp": 3050, "limit_bp": 2000, "secs": 60})
+        );
+        assert_eq!(serde_json::from_value::<Cause>(json).unwrap(), pressure);
+        assert!(
+            pressure.reason().contains("30.50%"),
+            "{}",
+            pressure.reason()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn over_the_cap_and_under_pressure_at_once_gives_both_reasons() {
+        let mut spec = WorkerSpec::host();
+        spec.soft_cap = Some(100);
+        spec.pressure = Some(PressureRule {
+            limit_bp: 1000,
+            after: std::time::Duration::from_secs(30),
+        });
+        let mut w = WorkerState::new(spec);
+        let settings = Settings::default();
+        let now = Instant::now();
+        let out = w.observe(150, 150, false, Some(0.5), now, &settings);
+        assert_eq!(
+            out,
+            [Transition::CapExceeded {
+                memory: 150,
+                cap: 100
+            }]
+        );
+        let view = w.view(0);
+        assert_eq!(view.status, Health::Degraded);
+        assert_eq!(view.reasons.len(), 2, "{:?}", view.reasons);
+        // The pressure rule's delay is the shorter: it decides.
+        let later = now + std::time::Duration::from_secs(30);
+        let out = w.observe(150, 150, false, Some(0.5), later, &settings);
+        assert!(
+            matches!(
+                out[..],
+                [Transition::Unhealthy(Cause::Pressure {
+                    limit_bp: 1000,
+                    ..
+                })]
+            ),
+            "{out:?}"
+        );
+        // Below the cap, pressure gone: the soft cap does not judge a
+        // pressure verdict; the pressure rule does, after recover_after.
+        let out = w.observe(10, 10, false, Some(0.0), later, &settings);
+        assert!(out.is_empty(), "{out:?}");
+        let done = later + w.spec.recover_after;
+        let out = w.observe(10, 10, false, Some(0.0), done, &settings);
+        assert!(matches!(out[..], [Transition::Recovered { .. }]), "{out:?}");
+        assert_eq!(w.health(), Health::Healthy);
+    }
+}

@@ -28,6 +28,7 @@ fn sample(worker: u64, tasks: &[(&str, u64)]) -> Sample {
     Sample {
         workers: [("w1".to_string(), worker)].into(),
         tasks: tasks.iter().map(|(id, m)| (id.to_string(), *m)).collect(),
+        ..Sample::default()
     }
 }
 
