@@ -47,8 +47,7 @@ pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_tot
 pub(crate) const API_CONNECTIONS_REFUSED_TOTAL: &str = "memwatch_api_connections_refused_total";
 pub(crate) const STATE_QUARANTINED_TOTAL: &str = "memwatch_state_quarantined_total";
 pub(crate) const MEMORY_PRESSURE_RATIO: &str = "memwatch_memory_pressure_ratio";
-pub(crate) const MEMORY_PRESSURE_STALL_SECONDS_TOTAL: &str =
-    "memwatch_memory_pressure_stall_seconds_total";
+pub(crate) const PRESSURE_STALL_TOTAL: &str = "memwatch_memory_pressure_stall_seconds_total";
 pub(crate) const MEMORY_EVENTS_TOTAL: &str = "memwatch_memory_events_total";
 
 /// Starts `tracing` to stderr. `RUST_LOG` wins over `default_level`.
@@ -331,7 +330,7 @@ impl Metrics {
             )?,
             memory_pressure_stall: prometheus::CounterVec::new(
                 Opts::new(
-                    MEMORY_PRESSURE_STALL_SECONDS_TOTAL,
+                    PRESSURE_STALL_TOTAL,
                     "Time tasks stalled on memory (PSI total).",
                 ),
                 &["scope", "worker", "kind"],
