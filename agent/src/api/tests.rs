@@ -36,6 +36,7 @@ pub(crate) fn state_with_tokens(reader: FakeReader, tokens: auth::Tokens) -> App
         soft_cap: Some(200 * MIB),
         unhealthy_after: std::time::Duration::from_secs(60),
         recover_after: std::time::Duration::from_secs(30),
+        pressure: None,
     };
     let monitor = Monitor::new(
         vec![worker],

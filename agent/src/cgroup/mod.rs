@@ -17,6 +17,7 @@ use procfs::process::MountInfo;
 pub(crate) mod limits;
 pub(crate) mod memory;
 pub(crate) mod oom;
+pub(crate) mod pressure;
 
 /// Which cgroup version carries the memory controller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

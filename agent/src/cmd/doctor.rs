@@ -9,7 +9,11 @@ use caps::{CapSet, Capability};
 use btf_rs::Btf;
 
 use crate::{
-    cgroup::{CgroupError, MemoryHierarchy},
+    cgroup::{
+        CgroupError, CgroupVersion, MemoryHierarchy,
+        pressure::{self, HOST_PRESSURE, PressureError},
+    },
+    model::pressure::Pressure,
     probe::{
         btf,
         ebpf::{AttachedHook, EbpfProbe},
@@ -200,6 +204,10 @@ fn host_checks(hierarchy: &Result<MemoryHierarchy, CgroupError>, rows: &mut Vec<
             format!("{} ({why})", if has { "held" } else { "not held" }),
         ));
     }
+    rows.push(psi_check(
+        pressure::host(),
+        hierarchy.as_ref().ok().map(|h| h.version),
+    ));
     if let Ok(lockdown) = fs::read_to_string("/sys/kernel/security/lockdown") {
         rows.push(check("lockdown", State::Ok, lockdown.trim()));
     }
@@ -212,6 +220,46 @@ fn host_checks(hierarchy: &Result<MemoryHierarchy, CgroupError>, rows: &mut Vec<
                 stats.trim()
             ),
         ));
+    }
+}
+
+/// Memory pressure stall information: the host's file, and whether
+/// workers' cgroups have theirs (cgroup v2 only).
+fn psi_check(host: Result<Pressure, PressureError>, version: Option<CgroupVersion>) -> Check {
+    let workers = match version {
+        Some(CgroupVersion::V2) => "workers' memory.pressure read on cgroup v2",
+        _ => {
+            "no per-worker PSI: memory is on cgroup v1 here (memory.pressure is v2 only), \
+             so `pressure_limit` never fires"
+        }
+    };
+    match host {
+        Ok(p) => check(
+            "memory PSI",
+            if version == Some(CgroupVersion::V2) {
+                State::Ok
+            } else {
+                State::Warn
+            },
+            format!(
+                "{HOST_PRESSURE}: some avg10 {:.2}%{}; {workers}",
+                p.some.avg10 * 100.0,
+                if p.full.is_some() {
+                    ""
+                } else {
+                    " (no `full` line: Linux before 5.13)"
+                }
+            ),
+        ),
+        Err(PressureError::Unsupported(e)) => check(
+            "memory PSI",
+            State::Warn,
+            format!(
+                "{HOST_PRESSURE}: {e}: this kernel has no PSI (CONFIG_PSI) or it is off (psi=0); \
+                 the memwatch_memory_pressure_* metrics are absent and `pressure_limit` never fires"
+            ),
+        ),
+        Err(e) => check("memory PSI", State::Warn, format!("{HOST_PRESSURE}: {e}")),
     }
 }
 
@@ -346,6 +394,47 @@ mod tests {
             "BTF               ok    /sys/kernel/btf/vmlinux\n\
              source for `run`  FAIL  none: missing capability CAP_BPF\n"
         );
+    }
+
+    #[test]
+    fn the_psi_row_says_when_the_kernel_has_none() {
+        let missing = io_error(std::io::ErrorKind::NotFound);
+        let row = psi_check(
+            Err(PressureError::Unsupported(missing)),
+            Some(CgroupVersion::V2),
+        );
+        assert_eq!(row.state, State::Warn);
+        assert!(row.detail.contains("no PSI"), "{}", row.detail);
+        let eopnotsupp = std::io::Error::from_raw_os_error(libc::EOPNOTSUPP);
+        assert!(
+            psi_check(Err(PressureError::Unsupported(eopnotsupp)), None)
+                .detail
+                .contains("psi=0")
+        );
+        let some_only = pressure::parse("some avg10=1.00 avg60=0 avg300=0 total=5\n")
+            .pressure
+            .unwrap();
+        let row = psi_check(Ok(some_only), Some(CgroupVersion::V1));
+        assert_eq!(row.state, State::Warn, "{}", row.detail);
+        assert!(row.detail.contains("some avg10 1.00%"), "{}", row.detail);
+        assert!(row.detail.contains("cgroup v1"), "{}", row.detail);
+        assert!(row.detail.contains("no `full` line"), "{}", row.detail);
+        let row = psi_check(Ok(some_only), Some(CgroupVersion::V2));
+        assert_eq!(row.state, State::Ok);
+        // This host, for real: it has the file.
+        let here = report_psi_row();
+        assert!(here.detail.contains(HOST_PRESSURE), "{}", here.detail);
+    }
+
+    fn io_error(kind: std::io::ErrorKind) -> std::io::Error {
+        std::io::Error::new(kind, "fixture")
+    }
+
+    fn report_psi_row() -> Check {
+        psi_check(
+            pressure::host(),
+            MemoryHierarchy::discover().ok().map(|h| h.version),
+        )
     }
 
     #[test]

@@ -17,8 +17,8 @@ pub(crate) use self::kubernetes::{Kubernetes, KubernetesFile};
 use crate::{
     model::{
         spec::{
-            DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, MemorySource, OnResidualOverCap, Rule,
-            Settings, WorkerSpec,
+            DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, MemorySource, OnResidualOverCap,
+            PressureRule, Rule, Settings, WorkerSpec, basis_points,
         },
         units::{Size, Span},
     },
@@ -196,6 +196,9 @@ pub(crate) struct WorkerConfig {
     pub soft_cap: Option<Size>,
     pub unhealthy_after: Option<Span>,
     pub recover_after: Option<Span>,
+    /// A fraction 0–1 of PSI `some avg10` (`memory.pressure`, cgroup v2).
+    pub pressure_limit: Option<f64>,
+    pub pressure_after: Option<Span>,
 }
 
 /// `[[rule]]`: cgroups matching a glob become tasks of a worker.
@@ -634,12 +637,44 @@ fn worker_spec(index: usize, w: WorkerConfig) -> Result<WorkerSpec, ConfigError>
         (None, None, None) => return Err(at("needs one of `cgroup`, `pid` or `process`".into())),
         _ => return Err(at("give only one of `cgroup`, `pid` or `process`".into())),
     };
+    let unhealthy_after = w.unhealthy_after.map_or(DEFAULT_UNHEALTHY_AFTER, |s| s.0);
+    let pressure = match (w.pressure_limit, w.pressure_after) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(invalid(
+                "worker.pressure_after",
+                format!(
+                    "#{} (`{}`): needs `pressure_limit` (the rule is off without it)",
+                    index + 1,
+                    w.name
+                ),
+            ));
+        }
+        (Some(limit), after) => {
+            if !(limit > 0.0 && limit < 1.0) {
+                return Err(invalid(
+                    "worker.pressure_limit",
+                    format!(
+                        "#{} (`{}`): must be a fraction between 0 and 1 (0.2: some task \
+                         stalled on memory for a fifth of the last 10 s), got {limit}",
+                        index + 1,
+                        w.name
+                    ),
+                ));
+            }
+            Some(PressureRule {
+                limit_bp: basis_points(limit),
+                after: after.map_or(unhealthy_after, |s| s.0),
+            })
+        }
+    };
     Ok(WorkerSpec {
         name: w.name.clone(),
         source,
         soft_cap: w.soft_cap.map(|s| s.0),
-        unhealthy_after: w.unhealthy_after.map_or(DEFAULT_UNHEALTHY_AFTER, |s| s.0),
+        unhealthy_after,
         recover_after: w.recover_after.map_or(DEFAULT_RECOVER_AFTER, |s| s.0),
+        pressure,
     })
 }
 

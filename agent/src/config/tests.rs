@@ -62,9 +62,12 @@ cgroup = "/sys/fs/cgroup/memory/w1"
 soft_cap = "1GiB"
 unhealthy_after = "90s"
 recover_after = "2m"
+pressure_limit = 0.25
 [[worker]]
 name = "dask"
 process = "dask worker"
+pressure_limit = 0.1
+pressure_after = "20s"
 [[rule]]
 worker = "w1"
 cgroup = "/sys/fs/cgroup/memory/w1/job_*"
@@ -88,6 +91,21 @@ soft_cap = "512MiB"
         MemorySource::Process("dask worker".into())
     );
     assert_eq!(c.workers[1].unhealthy_after, DEFAULT_UNHEALTHY_AFTER);
+    assert_eq!(
+        w1.pressure,
+        Some(PressureRule {
+            limit_bp: 2500,
+            after: Duration::from_secs(90)
+        }),
+        "pressure_after defaults to unhealthy_after"
+    );
+    assert_eq!(
+        c.workers[1].pressure,
+        Some(PressureRule {
+            limit_bp: 1000,
+            after: Duration::from_secs(20)
+        })
+    );
     assert!(c.rules[0].pattern.matches("/sys/fs/cgroup/memory/w1/job_7"));
     assert_eq!(c.rules[0].soft_cap, Some(512 << 20));
 }
@@ -126,6 +144,26 @@ fn worker_mistakes_are_named() {
         (
             "[[rule]]\nworker = \"b\"\ncgroup = \"/x/*\"\n",
             "`rule.worker` `b` is not a declared [[worker]]",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\npressure_limit = 20\n",
+            "`worker.pressure_limit` #1 (`a`): must be a fraction between 0 and 1",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\npressure_limit = 0.0\n",
+            "`worker.pressure_limit`",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\npressure_limit = nan\n",
+            "`worker.pressure_limit`",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\npressure_after = \"30s\"\n",
+            "`worker.pressure_after` #1 (`a`): needs `pressure_limit`",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\npressure_limit = 0.2\npressure_after = \"later\"\n",
+            "`later` is not a duration",
         ),
     ] {
         let f = file(text);

@@ -7,6 +7,7 @@
 
 pub(crate) mod heartbeat;
 mod kernel_caps;
+mod kernel_figures;
 pub(crate) mod monitor;
 pub(crate) mod pipeline;
 pub(crate) mod reconcile;

@@ -184,6 +184,7 @@ mod tests {
             soft_cap: None,
             unhealthy_after: std::time::Duration::from_secs(60),
             recover_after: std::time::Duration::from_secs(30),
+            pressure: None,
         };
         let monitor = Monitor::new(
             vec![worker],

@@ -9,13 +9,41 @@ use std::{
 
 use procfs::Current as _;
 
-use crate::{cgroup::memory, model::spec::MemorySource, watchdog::policy::Sample};
+use crate::{
+    cgroup::{
+        memory,
+        pressure::{self, PressureError},
+    },
+    model::{
+        pressure::{MemoryEvents, Pressure},
+        spec::MemorySource,
+    },
+    watchdog::policy::Sample,
+};
 
 /// Reads memory figures; a trait so the agent loop can be tested with fakes.
 pub(crate) trait MemoryReader: Send + Sync {
     fn read(&self, source: &MemorySource) -> io::Result<u64>;
     /// The cgroup's own soft cap: v2 `memory.high`, v1 `memory.soft_limit_in_bytes`.
     fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64>;
+    /// The host's memory PSI (`/proc/pressure/memory`); `None` without PSI.
+    fn host_pressure(&self) -> Option<Pressure>;
+    /// A cgroup's memory PSI (`memory.pressure`, v2 only); `None` without.
+    fn cgroup_pressure(&self, cgroup: &Path) -> Option<Pressure>;
+    /// A cgroup's memory event counters (v2 `memory.events`, v1 equivalents).
+    fn memory_events(&self, cgroup: &Path) -> Option<MemoryEvents>;
+}
+
+/// A PSI reading, with errors other than "no PSI here" logged.
+fn psi(file: &str, read: Result<Pressure, PressureError>) -> Option<Pressure> {
+    match read {
+        Ok(pressure) => Some(pressure),
+        Err(PressureError::Unsupported(_)) => None,
+        Err(error) => {
+            tracing::debug!(file, %error, "pressure not readable");
+            None
+        }
+    }
 }
 
 /// Reads the running system.
@@ -37,6 +65,18 @@ impl MemoryReader for SystemReader {
 
     fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64> {
         memory::soft_cap(cgroup)
+    }
+
+    fn host_pressure(&self) -> Option<Pressure> {
+        psi(pressure::HOST_PRESSURE, pressure::host())
+    }
+
+    fn cgroup_pressure(&self, cgroup: &Path) -> Option<Pressure> {
+        psi("memory.pressure", pressure::of_cgroup(cgroup))
+    }
+
+    fn memory_events(&self, cgroup: &Path) -> Option<MemoryEvents> {
+        pressure::memory_events(cgroup)
     }
 }
 
@@ -61,6 +101,28 @@ pub(crate) fn sample(
     Sample {
         workers: read(workers),
         tasks: read(tasks),
+        ..Sample::default()
+    }
+}
+
+/// Adds the kernel's figures of every cgroup worker to a sample: its PSI
+/// and its memory event counters (a few small files each, read on the
+/// sampler's tick).
+pub(crate) fn kernel_figures(
+    reader: &dyn MemoryReader,
+    workers: &[(String, MemorySource)],
+    sample: &mut Sample,
+) {
+    for (name, source) in workers {
+        let MemorySource::Cgroup(cgroup) = source else {
+            continue;
+        };
+        if let Some(pressure) = reader.cgroup_pressure(cgroup) {
+            sample.pressure.insert(name.clone(), pressure);
+        }
+        if let Some(events) = reader.memory_events(cgroup) {
+            sample.memory_events.insert(name.clone(), events);
+        }
     }
 }
 
@@ -146,11 +208,33 @@ pub(crate) mod fake {
     pub(crate) struct FakeReader {
         pub memory: Mutex<HashMap<MemorySource, u64>>,
         pub caps: Mutex<HashMap<std::path::PathBuf, u64>>,
+        pub host_pressure: Mutex<Option<Pressure>>,
+        /// PSI and memory.events by cgroup: parsed from fixture text, as
+        /// the real files would be.
+        pub pressure: Mutex<HashMap<std::path::PathBuf, Pressure>>,
+        pub events: Mutex<HashMap<std::path::PathBuf, MemoryEvents>>,
     }
 
     impl FakeReader {
         pub(crate) fn set(&self, source: MemorySource, bytes: u64) {
             self.memory.lock().unwrap().insert(source, bytes);
+        }
+
+        /// A cgroup's `memory.pressure`, as its text.
+        pub(crate) fn set_pressure(&self, cgroup: &Path, text: &str) {
+            let parsed = pressure::parse(text).pressure.expect("a PSI fixture");
+            self.pressure
+                .lock()
+                .unwrap()
+                .insert(cgroup.to_path_buf(), parsed);
+        }
+
+        /// A cgroup's `memory.events`, as its text.
+        pub(crate) fn set_events(&self, cgroup: &Path, text: &str) {
+            self.events
+                .lock()
+                .unwrap()
+                .insert(cgroup.to_path_buf(), pressure::parse_memory_events(text));
         }
     }
 
@@ -166,6 +250,18 @@ pub(crate) mod fake {
 
         fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64> {
             self.caps.lock().unwrap().get(cgroup).copied()
+        }
+
+        fn host_pressure(&self) -> Option<Pressure> {
+            *self.host_pressure.lock().unwrap()
+        }
+
+        fn cgroup_pressure(&self, cgroup: &Path) -> Option<Pressure> {
+            self.pressure.lock().unwrap().get(cgroup).copied()
+        }
+
+        fn memory_events(&self, cgroup: &Path) -> Option<MemoryEvents> {
+            self.events.lock().unwrap().get(cgroup).cloned()
         }
     }
 }

@@ -28,10 +28,13 @@ pub enum EventKind {
     /// A stored event that does not parse was set aside (the outbox's
     /// quarantine table), so that it stalls no sink.
     EventQuarantined,
+    /// A watched worker started being throttled at `memory.high` (its
+    /// `memory.events` `high` counter grew after having been still).
+    MemoryHighThrottled,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 13] = [
+    pub const ALL: [EventKind; 14] = [
         Self::AgentStarted,
         Self::TaskStarted,
         Self::TaskRejected,
@@ -45,6 +48,7 @@ impl EventKind {
         Self::ActionRefused,
         Self::ActionSkipped,
         Self::EventQuarantined,
+        Self::MemoryHighThrottled,
     ];
 
     /// How much the kind matters when the outbox is full: lower is dropped
@@ -63,6 +67,7 @@ impl EventKind {
             | Self::TaskStarted
             | Self::TaskFinished
             | Self::SoftCapExceeded
+            | Self::MemoryHighThrottled
             | Self::WorkerRecovered => Priority::Normal,
         }
     }
@@ -83,6 +88,7 @@ impl EventKind {
             Self::ActionRefused => "action_refused",
             Self::ActionSkipped => "action_skipped",
             Self::EventQuarantined => "event_quarantined",
+            Self::MemoryHighThrottled => "memory_high_throttled",
         }
     }
 }
@@ -186,6 +192,10 @@ pub struct EventBody {
     /// kernel's counters, not seen live (no victim named; it may be old).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered: Option<bool>,
+    /// `memory_high_throttled`: how much the kernel's `high` counter grew
+    /// since the previous sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,6 +235,7 @@ impl EventBody {
             container_id: None,
             qos_class: None,
             recovered: None,
+            count: None,
         }
     }
 }

@@ -5,6 +5,7 @@
 pub(crate) mod event;
 pub(crate) mod health;
 pub(crate) mod pod;
+pub(crate) mod pressure;
 pub(crate) mod source;
 pub(crate) mod spec;
 pub(crate) mod time;

@@ -47,6 +47,24 @@ pub struct WorkerSpec {
     pub unhealthy_after: Duration,
     /// Below the soft cap this long → back to `healthy`.
     pub recover_after: Duration,
+    /// The memory pressure rule (`pressure_limit`, `pressure_after`), when set.
+    pub pressure: Option<PressureRule>,
+}
+
+/// A worker whose PSI `some avg10` (the share of the last 10 s in which
+/// some of its tasks stalled on memory) stays above `limit` for `after` is
+/// unhealthy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PressureRule {
+    /// In basis points (1/10000, the kernel's own precision: two decimals
+    /// of a percent): 2000 is 0.2, a fifth of the time.
+    pub limit_bp: u32,
+    pub after: Duration,
+}
+
+/// A fraction 0–1 in basis points, rounded.
+pub(crate) fn basis_points(fraction: f64) -> u32 {
+    (fraction.clamp(0.0, 1.0) * 10_000.0).round() as u32
 }
 
 impl WorkerSpec {
@@ -59,6 +77,7 @@ impl WorkerSpec {
             soft_cap: None,
             unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
             recover_after: DEFAULT_RECOVER_AFTER,
+            pressure: None,
         }
     }
 }

@@ -54,6 +54,9 @@ pub(crate) const SINK_BACKLOG: &str = "memwatch_sink_backlog_events";
 pub(crate) const SCHEDULER_ACTIONS_TOTAL: &str = "memwatch_scheduler_actions_total";
 pub(crate) const API_CONNECTIONS_REFUSED_TOTAL: &str = "memwatch_api_connections_refused_total";
 pub(crate) const STATE_QUARANTINED_TOTAL: &str = "memwatch_state_quarantined_total";
+pub(crate) const MEMORY_PRESSURE_RATIO: &str = "memwatch_memory_pressure_ratio";
+pub(crate) const PRESSURE_STALL_TOTAL: &str = "memwatch_memory_pressure_stall_seconds_total";
+pub(crate) const MEMORY_EVENTS_TOTAL: &str = "memwatch_memory_events_total";
 
 /// How log lines are written (`--log-format`, `log_format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
@@ -222,6 +225,13 @@ pub struct Metrics {
     /// Stored state set aside because it was corrupt, by what
     /// (`outbox`: the whole database; `slurm`: a Slurm sink's state file).
     pub state_quarantined: IntCounterVec,
+    /// PSI averages as fractions, by `scope` (`host`, `worker`), `worker`
+    /// (empty for the host), `kind` (`some`, `full`), `window`.
+    pub memory_pressure: prometheus::GaugeVec,
+    /// PSI stall time, by `scope`, `worker`, `kind`.
+    pub memory_pressure_stall: prometheus::CounterVec,
+    /// A worker's memory event counters (`memory.events`), by `event`.
+    pub memory_events: IntCounterVec,
 }
 
 impl Metrics {
@@ -255,6 +265,9 @@ impl Metrics {
             Box::new(self.sink_backlog.clone()),
             Box::new(self.scheduler_actions.clone()),
             Box::new(self.api_connections_refused.clone()),
+            Box::new(self.memory_pressure.clone()),
+            Box::new(self.memory_pressure_stall.clone()),
+            Box::new(self.memory_events.clone()),
         ];
         all.extend(
             self.probe_counters
@@ -432,6 +445,25 @@ impl Metrics {
                 STATE_QUARANTINED_TOTAL,
                 "Stored state set aside because it was corrupt.",
                 &["what"],
+            )?,
+            memory_pressure: prometheus::GaugeVec::new(
+                Opts::new(
+                    MEMORY_PRESSURE_RATIO,
+                    "Share of time tasks stalled on memory (PSI avg, a fraction 0-1).",
+                ),
+                &["scope", "worker", "kind", "window"],
+            )?,
+            memory_pressure_stall: prometheus::CounterVec::new(
+                Opts::new(
+                    PRESSURE_STALL_TOTAL,
+                    "Time tasks stalled on memory (PSI total).",
+                ),
+                &["scope", "worker", "kind"],
+            )?,
+            memory_events: counter(
+                MEMORY_EVENTS_TOTAL,
+                "A worker cgroup's memory events (memory.events; v1: failcnt, oom_control).",
+                &["worker", "event"],
             )?,
         };
         // The known constraints are series from the start (at 0).

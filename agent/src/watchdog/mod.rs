@@ -3,4 +3,5 @@
 pub(crate) mod policy;
 pub(crate) mod self_health;
 pub(crate) mod task;
+pub(crate) mod throttle;
 pub(crate) mod worker;

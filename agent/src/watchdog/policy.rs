@@ -16,6 +16,7 @@ use super::{
 use crate::model::{
     event::{EventBody, EventKind},
     health::Health,
+    pressure::{MemoryEvents, Pressure},
     spec::{MemorySource, OnResidualOverCap, Settings, TaskOutcome, TaskRequest, WorkerSpec},
 };
 
@@ -28,6 +29,10 @@ pub(crate) type Sources = Vec<(String, MemorySource)>;
 pub(crate) struct Sample {
     pub workers: HashMap<String, u64>,
     pub tasks: HashMap<String, u64>,
+    /// Workers' PSI (`memory.pressure`, cgroup v2), when readable.
+    pub pressure: HashMap<String, Pressure>,
+    /// Workers' memory event counters, when readable.
+    pub memory_events: HashMap<String, MemoryEvents>,
 }
 
 /// The answer to a task registration.
@@ -312,7 +317,10 @@ impl Watchdog {
                 .any(|t| t.worker == name && t.growing(&self.settings));
             let worker = self.workers.get_mut(&name).expect("known worker");
             let cap = worker.spec.soft_cap;
-            for transition in worker.observe(memory, residual, growing, now, &self.settings) {
+            let some_avg10 = sample.pressure.get(&name).map(|p| p.some.avg10);
+            for transition in
+                worker.observe(memory, residual, growing, some_avg10, now, &self.settings)
+            {
                 events.push(match transition {
                     Transition::Unhealthy(cause) => {
                         worker_unhealthy(&name, &cause.reason(), Some(memory), cap)
@@ -334,6 +342,23 @@ impl Watchdog {
                         body
                     }
                 });
+            }
+        }
+        for (name, worker) in &mut self.workers {
+            let Some(&high) = sample.memory_events.get(name).and_then(|e| e.get("high")) else {
+                continue;
+            };
+            if let Some(increase) = worker.throttle.observe(high, now) {
+                let mut body = EventBody::new(EventKind::MemoryHighThrottled);
+                body.worker = Some(name.clone());
+                body.cgroup = worker.spec.source.cgroup().map(|p| p.display().to_string());
+                body.rss_bytes = worker.memory();
+                body.count = Some(increase);
+                body.reason = Some(format!(
+                    "the kernel throttled the worker's allocations at memory.high \
+                     {increase} times since the last sample (memory.events high {high})"
+                ));
+                events.push(body);
             }
         }
         events

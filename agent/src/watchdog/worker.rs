@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use crate::model::{
     health::Health,
-    spec::{Settings, WorkerSpec},
+    spec::{PressureRule, Settings, WorkerSpec, basis_points},
 };
 
 /// Why a worker is unhealthy (kept across restarts: its serde form is
@@ -23,6 +23,13 @@ pub(crate) enum Cause {
     },
     /// Above the cap for `unhealthy_after` with no task growing.
     Unmanaged { memory: u64, cap: u64, secs: u64 },
+    /// PSI `some avg10` above `pressure_limit` for `pressure_after`
+    /// (shares in basis points, 1/10000).
+    Pressure {
+        some_avg10_bp: u32,
+        limit_bp: u32,
+        secs: u64,
+    },
 }
 
 impl Cause {
@@ -43,8 +50,23 @@ impl Cause {
                 bytes(*memory),
                 bytes(*cap)
             ),
+            Self::Pressure {
+                some_avg10_bp,
+                limit_bp,
+                secs,
+            } => format!(
+                "memory pressure: some tasks stalled on memory {} of the last 10 s \
+                 (PSI some avg10), above the limit {}, for {secs}s",
+                percent(*some_avg10_bp),
+                percent(*limit_bp)
+            ),
         }
     }
+}
+
+/// Basis points as a percentage: `12.50%`.
+fn percent(bp: u32) -> String {
+    format!("{:.2}%", f64::from(bp) / 100.0)
 }
 
 /// A transition the caller turns into an event.
@@ -76,6 +98,13 @@ pub(crate) struct WorkerState {
     below_since: Option<Instant>,
     /// Above the cap since the last `soft_cap_exceeded` (re-armed when clearly below).
     over_cap: bool,
+    /// The pressure rule: above the limit (not clearly below) since.
+    pressure_over_since: Option<Instant>,
+    /// While healthy or degraded: the pressure rule's countdown (the
+    /// worker is degraded while it is set).
+    pressure_note: Option<String>,
+    /// The kernel's memory.high throttling, for `memory_high_throttled`.
+    pub(crate) throttle: super::throttle::HighThrottle,
 }
 
 /// A worker as shown on `/health` and `/v1/status`.
@@ -113,11 +142,19 @@ impl WorkerState {
             over_since: None,
             below_since: None,
             over_cap: false,
+            pressure_over_since: None,
+            pressure_note: None,
+            throttle: Default::default(),
         }
     }
 
+    /// The worse of the soft-cap checks' verdict and the pressure rule's.
     pub(crate) fn health(&self) -> Health {
-        self.health
+        if self.pressure_note.is_some() {
+            self.health.max(Health::Degraded)
+        } else {
+            self.health
+        }
     }
 
     pub(crate) fn memory(&self) -> Option<u64> {
@@ -145,39 +182,116 @@ impl WorkerState {
     }
 
     /// A periodic sample. `any_task_growing`: some running task of this
-    /// worker grew over the growth window.
+    /// worker grew over the growth window. `some_avg10`: the worker's PSI
+    /// `some avg10` (a fraction), when it could be read.
     pub(crate) fn observe(
         &mut self,
         memory: u64,
         residual: u64,
         any_task_growing: bool,
+        some_avg10: Option<f64>,
         now: Instant,
         settings: &Settings,
     ) -> Vec<Transition> {
         self.memory = Some(memory);
         self.residual = Some(residual);
         let mut out = Vec::new();
-        let Some(cap) = self.spec.soft_cap else {
-            return out;
-        };
-        let over = memory > cap;
-        let clearly_below = (memory as f64) < cap as f64 * (1.0 - settings.hysteresis);
+        if let Some(cap) = self.spec.soft_cap {
+            let over = memory > cap;
+            let clearly_below = (memory as f64) < cap as f64 * (1.0 - settings.hysteresis);
 
-        if over && !self.over_cap {
-            self.over_cap = true;
-            out.push(Transition::CapExceeded { memory, cap });
-        } else if clearly_below {
-            self.over_cap = false;
-        }
-
-        let transition = match self.health {
-            Health::Unhealthy => self.observe_unhealthy(memory, residual, cap, now, settings),
-            Health::Healthy | Health::Degraded => {
-                self.observe_over_cap(memory, cap, over, clearly_below, any_task_growing, now)
+            if over && !self.over_cap {
+                self.over_cap = true;
+                out.push(Transition::CapExceeded { memory, cap });
+            } else if clearly_below {
+                self.over_cap = false;
             }
-        };
-        out.extend(transition);
+
+            let transition = match (self.health, &self.cause) {
+                // The pressure rule judges its own recovery, below.
+                (Health::Unhealthy, Some(Cause::Pressure { .. })) => None,
+                (Health::Unhealthy, _) => {
+                    self.observe_unhealthy(memory, residual, cap, now, settings)
+                }
+                (Health::Healthy | Health::Degraded, _) => {
+                    self.observe_over_cap(memory, cap, over, clearly_below, any_task_growing, now)
+                }
+            };
+            out.extend(transition);
+        }
+        if let (Some(rule), Some(avg10)) = (self.spec.pressure, some_avg10) {
+            out.extend(self.observe_pressure(rule, avg10, now, settings));
+        }
         out
+    }
+
+    /// The pressure rule: `some avg10` above the limit for `after` makes
+    /// the worker unhealthy (degraded with the countdown before);
+    /// recovered once clearly (the hysteresis) below the limit for
+    /// `recover_after`, as the soft cap is.
+    fn observe_pressure(
+        &mut self,
+        rule: PressureRule,
+        avg10: f64,
+        now: Instant,
+        settings: &Settings,
+    ) -> Option<Transition> {
+        let limit = f64::from(rule.limit_bp) / 10_000.0;
+        let over = avg10 > limit;
+        let clearly_below = avg10 < limit * (1.0 - settings.hysteresis);
+        let avg10_bp = basis_points(avg10);
+        match (self.health, &self.cause) {
+            (Health::Unhealthy, Some(Cause::Pressure { .. })) => {
+                if clearly_below {
+                    let since = *self.below_since.get_or_insert(now);
+                    let below_for = now.duration_since(since);
+                    if below_for >= self.spec.recover_after {
+                        return Some(self.recover(format!(
+                            "memory pressure (PSI some avg10 {}) below the limit {} for {}s",
+                            percent(avg10_bp),
+                            percent(rule.limit_bp),
+                            below_for.as_secs()
+                        )));
+                    }
+                    self.note = Some(format!(
+                        "recovering: memory pressure below the limit for {}s of {}s",
+                        below_for.as_secs(),
+                        self.spec.recover_after.as_secs()
+                    ));
+                } else {
+                    self.below_since = None;
+                    self.note = None;
+                }
+                None
+            }
+            // Unhealthy for memory: judged by the soft-cap checks alone.
+            (Health::Unhealthy, _) => None,
+            (Health::Healthy | Health::Degraded, _) => {
+                if clearly_below || (!over && self.pressure_over_since.is_none()) {
+                    self.pressure_over_since = None;
+                    self.pressure_note = None;
+                    return None;
+                }
+                let since = *self.pressure_over_since.get_or_insert(now);
+                let over_for = now.duration_since(since);
+                if over_for >= rule.after {
+                    self.over_since = None;
+                    return Some(self.become_unhealthy(Cause::Pressure {
+                        some_avg10_bp: avg10_bp,
+                        limit_bp: rule.limit_bp,
+                        secs: over_for.as_secs(),
+                    }));
+                }
+                self.pressure_note = Some(format!(
+                    "memory pressure (PSI some avg10 {}) above the limit {} for {}s of {}s",
+                    percent(avg10_bp),
+                    percent(rule.limit_bp),
+                    over_for.as_secs(),
+                    rule.after.as_secs()
+                ));
+                None
+            }
+        }
     }
 
     /// While unhealthy: recovered once what made it unhealthy (residual
@@ -279,7 +393,10 @@ impl WorkerState {
         self.note = None;
         self.below_since = None;
         self.over_since = None;
-        self.over_cap = true;
+        self.pressure_over_since = None;
+        self.pressure_note = None;
+        // Over the cap already, unless the pressure rule made it unhealthy.
+        self.over_cap = !matches!(cause, Cause::Pressure { .. });
         self.cause = Some(cause);
     }
 
@@ -295,6 +412,8 @@ impl WorkerState {
         self.health = Health::Unhealthy;
         self.note = None;
         self.below_since = None;
+        self.pressure_over_since = None;
+        self.pressure_note = None;
         self.cause = Some(cause.clone());
         Transition::Unhealthy(cause)
     }
@@ -304,6 +423,8 @@ impl WorkerState {
         self.cause = None;
         self.below_since = None;
         self.over_since = None;
+        self.pressure_over_since = None;
+        self.pressure_note = None;
         Transition::Recovered { reason }
     }
 
@@ -320,9 +441,12 @@ impl WorkerState {
         if let Some(note) = &self.note {
             reasons.push(note.clone());
         }
+        if let Some(note) = &self.pressure_note {
+            reasons.push(note.clone());
+        }
         WorkerView {
             name: self.spec.name.clone(),
-            status: self.health,
+            status: self.health(),
             reasons,
             cgroup: self.spec.source.cgroup().map(|p| p.display().to_string()),
             memory_bytes: self.memory,
@@ -347,5 +471,98 @@ pub(crate) fn bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state directory keeps causes as JSON: those written by builds
+    /// before the pressure rule still parse, and the new one round-trips.
+    #[test]
+    fn kept_causes_of_every_build_parse() {
+        let old = [
+            (
+                r#"{"kind":"residual","residual":3,"memory":5,"cap":2}"#,
+                Cause::Residual {
+                    residual: 3,
+                    memory: 5,
+                    cap: 2,
+                },
+            ),
+            (
+                r#"{"kind":"unmanaged","memory":5,"cap":2,"secs":61}"#,
+                Cause::Unmanaged {
+                    memory: 5,
+                    cap: 2,
+                    secs: 61,
+                },
+            ),
+        ];
+        for (json, cause) in old {
+            assert_eq!(serde_json::from_str::<Cause>(json).unwrap(), cause);
+        }
+        let pressure = Cause::Pressure {
+            some_avg10_bp: 3050,
+            limit_bp: 2000,
+            secs: 60,
+        };
+        let json = serde_json::to_value(&pressure).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "pressure", "some_avg10_bp": 3050, "limit_bp": 2000, "secs": 60})
+        );
+        assert_eq!(serde_json::from_value::<Cause>(json).unwrap(), pressure);
+        assert!(
+            pressure.reason().contains("30.50%"),
+            "{}",
+            pressure.reason()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn over_the_cap_and_under_pressure_at_once_gives_both_reasons() {
+        let mut spec = WorkerSpec::host();
+        spec.soft_cap = Some(100);
+        spec.pressure = Some(PressureRule {
+            limit_bp: 1000,
+            after: std::time::Duration::from_secs(30),
+        });
+        let mut w = WorkerState::new(spec);
+        let settings = Settings::default();
+        let now = Instant::now();
+        let out = w.observe(150, 150, false, Some(0.5), now, &settings);
+        assert_eq!(
+            out,
+            [Transition::CapExceeded {
+                memory: 150,
+                cap: 100
+            }]
+        );
+        let view = w.view(0);
+        assert_eq!(view.status, Health::Degraded);
+        assert_eq!(view.reasons.len(), 2, "{:?}", view.reasons);
+        // The pressure rule's delay is the shorter: it decides.
+        let later = now + std::time::Duration::from_secs(30);
+        let out = w.observe(150, 150, false, Some(0.5), later, &settings);
+        assert!(
+            matches!(
+                out[..],
+                [Transition::Unhealthy(Cause::Pressure {
+                    limit_bp: 1000,
+                    ..
+                })]
+            ),
+            "{out:?}"
+        );
+        // Below the cap, pressure gone: the soft cap does not judge a
+        // pressure verdict; the pressure rule does, after recover_after.
+        let out = w.observe(10, 10, false, Some(0.0), later, &settings);
+        assert!(out.is_empty(), "{out:?}");
+        let done = later + w.spec.recover_after;
+        let out = w.observe(10, 10, false, Some(0.0), done, &settings);
+        assert!(matches!(out[..], [Transition::Recovered { .. }]), "{out:?}");
+        assert_eq!(w.health(), Health::Healthy);
     }
 }

@@ -15,6 +15,7 @@ use crate::{
     cgroup::{CgroupResolver, MemoryHierarchy},
     daemon::{
         kernel_caps::KernelCaps,
+        kernel_figures::KernelFigures,
         sampler::{self, MemoryReader},
     },
     model::{
@@ -48,6 +49,8 @@ pub(crate) struct Monitor {
     kernel: KernelCaps,
     /// When each worker's last `task_rejected` event was recorded.
     last_rejection: Mutex<HashMap<String, Instant>>,
+    /// The kernel's PSI and memory event totals last published.
+    kernel_figures: Mutex<KernelFigures>,
 }
 
 impl Monitor {
@@ -77,6 +80,7 @@ impl Monitor {
             resolver: Mutex::new(CgroupResolver::new(hierarchy)),
             kernel: KernelCaps::default(),
             last_rejection: Mutex::default(),
+            kernel_figures: Mutex::default(),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -268,11 +272,23 @@ impl Monitor {
         Ok(())
     }
 
-    /// One sampling round: cgroup rules, then every worker and task.
+    /// One sampling round: cgroup rules, then every worker and task, with
+    /// the kernel's pressure figures and memory events.
     pub(crate) fn tick(&self) {
         self.scan_rules();
         let (workers, tasks) = self.lock().sources();
-        let sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &tasks);
+        let mut sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &tasks);
+        sampler::kernel_figures(self.reader.as_ref(), &workers, &mut sample);
+        let host = self.reader.host_pressure();
+        self.kernel_figures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .publish(
+                self.recorder.metrics(),
+                host.as_ref(),
+                &sample.pressure,
+                &sample.memory_events,
+            );
         let mut watchdog = self.lock();
         let now = Instant::now();
         let events = watchdog.observe(&sample, now);

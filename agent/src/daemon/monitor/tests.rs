@@ -21,6 +21,7 @@ mod basics {
             soft_cap: None,
             unhealthy_after: Duration::from_secs(60),
             recover_after: Duration::from_secs(30),
+            pressure: None,
         };
         let hierarchy = MemoryHierarchy {
             root: root.into(),
@@ -136,6 +137,7 @@ mod restart {
             soft_cap: Some(100 * MIB),
             unhealthy_after: Duration::from_secs(60),
             recover_after: Duration::from_secs(30),
+            pressure: None,
         };
         let m = Monitor::new(
             vec![worker],
@@ -362,6 +364,7 @@ mod rejections {
                 soft_cap: Some(100 * MIB),
                 unhealthy_after: Duration::from_secs(60),
                 recover_after: Duration::from_secs(30),
+                pressure: None,
             }],
             Settings::default(),
             Vec::new(),
@@ -401,5 +404,284 @@ mod rejections {
         tokio::time::advance(REJECTION_INTERVAL).await;
         m.register(task(50)).unwrap();
         assert_eq!(rejected(&outbox), 2, "one more after the interval");
+    }
+}
+
+/// The pressure rule and the kernel's memory events, from fixture files'
+/// text through the fake reader, on a paused clock.
+mod pressure {
+    use std::time::Duration;
+
+    use super::super::*;
+    use crate::{
+        cgroup::CgroupVersion,
+        daemon::sampler::fake::FakeReader,
+        model::spec::PressureRule,
+        outbox::{Limits, Outbox},
+        telemetry::Metrics,
+    };
+
+    const MIB: u64 = 1 << 20;
+
+    /// Worker w1 (cgroup `/cg/w1`, soft cap 100 MiB, 10 MiB used: never
+    /// over it), with `pressure_limit = 0.2`, `pressure_after = "60s"`,
+    /// `recover_after = "30s"`; its outbox in `state` when given.
+    fn start(state: Option<&Path>, reader: Arc<FakeReader>) -> (Monitor, Metrics) {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = match state {
+            Some(dir) => {
+                Outbox::open(dir, String::from("h"), Limits::default(), metrics.clone()).unwrap()
+            }
+            None => Outbox::new("h", 1000, metrics.clone()),
+        };
+        reader.set(MemorySource::Cgroup("/cg/w1".into()), 10 * MIB);
+        let m = Monitor::new(
+            vec![WorkerSpec {
+                name: "w1".into(),
+                source: MemorySource::Cgroup("/cg/w1".into()),
+                soft_cap: Some(100 * MIB),
+                unhealthy_after: Duration::from_secs(60),
+                recover_after: Duration::from_secs(30),
+                pressure: Some(PressureRule {
+                    limit_bp: 2000,
+                    after: Duration::from_secs(60),
+                }),
+            }],
+            Settings::default(),
+            Vec::new(),
+            MemoryHierarchy {
+                root: "/cg".into(),
+                version: CgroupVersion::V2,
+            },
+            reader,
+            Recorder::new(outbox, metrics.clone()),
+        );
+        m.restore();
+        (m, metrics)
+    }
+
+    fn psi(reader: &FakeReader, some_avg10: &str) {
+        reader.set_pressure(
+            Path::new("/cg/w1"),
+            &format!(
+                "some avg10={some_avg10} avg60=10.00 avg300=2.00 total=4000000\n\
+                 full avg10=1.00 avg60=0.50 avg300=0.10 total=1000000\n"
+            ),
+        );
+    }
+
+    fn events(m: &Monitor, kind: EventKind) -> Vec<EventBody> {
+        m.recorder
+            .outbox()
+            .read(0, 1000)
+            .into_iter()
+            .filter(|e| e.body.kind == kind)
+            .map(|e| e.body)
+            .collect()
+    }
+
+    fn status(m: &Monitor) -> (Health, String) {
+        let w = m.workers().remove(0);
+        (w.status, w.reasons.join("; "))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pressure_above_the_limit_degrades_then_makes_unhealthy_then_recovers() {
+        let reader = Arc::new(FakeReader::default());
+        let (m, metrics) = start(None, reader.clone());
+        psi(&reader, "30.00");
+        m.tick();
+        let (health, reason) = status(&m);
+        assert_eq!(health, Health::Degraded, "{reason}");
+        assert!(
+            reason.contains(
+                "memory pressure (PSI some avg10 30.00%) above the limit 20.00% for 0s of 60s"
+            ),
+            "{reason}"
+        );
+        let ratio = metrics
+            .memory_pressure
+            .with_label_values(&["worker", "w1", "some", "10s"])
+            .get();
+        assert!((ratio - 0.3).abs() < 1e-12, "{ratio}");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        m.tick();
+        assert!(status(&m).1.contains("30s of 60s"), "{}", status(&m).1);
+        assert!(events(&m, EventKind::WorkerUnhealthy).is_empty());
+
+        tokio::time::advance(Duration::from_secs(31)).await;
+        m.tick();
+        let (health, reason) = status(&m);
+        assert_eq!(health, Health::Unhealthy, "{reason}");
+        let unhealthy = events(&m, EventKind::WorkerUnhealthy);
+        assert_eq!(unhealthy.len(), 1);
+        assert_eq!(unhealthy[0].worker.as_deref(), Some("w1"));
+        let said = unhealthy[0].reason.as_deref().unwrap();
+        assert!(
+            said.starts_with(
+                "memory pressure: some tasks stalled on memory 30.00% of the last 10 s"
+            ) && said.contains("above the limit 20.00%, for 61s"),
+            "{said}"
+        );
+        assert_eq!(
+            metrics
+                .worker_transitions
+                .with_label_values(&["w1", "unhealthy"])
+                .get(),
+            1
+        );
+        // New tasks are refused, as for the soft-cap checks.
+        let answer = m
+            .register(TaskRequest {
+                task_id: "t".into(),
+                worker: None,
+                source: None,
+                soft_cap: None,
+                owner: crate::model::spec::ANONYMOUS.into(),
+            })
+            .unwrap();
+        assert!(matches!(answer.admission, Admission::Rejected { .. }));
+
+        // Memory is far below the soft cap: that does not recover it.
+        // Below the limit but within the hysteresis (19.5 % > 19 %): neither.
+        psi(&reader, "19.50");
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(20)).await;
+            m.tick();
+        }
+        assert_eq!(status(&m).0, Health::Unhealthy);
+
+        // Clearly below for recover_after: recovered, said once.
+        psi(&reader, "5.00");
+        m.tick();
+        tokio::time::advance(Duration::from_secs(15)).await;
+        m.tick();
+        assert!(status(&m).1.contains("recovering"), "{}", status(&m).1);
+        tokio::time::advance(Duration::from_secs(16)).await;
+        m.tick();
+        m.tick();
+        assert_eq!(status(&m), (Health::Healthy, String::new()));
+        let recovered = events(&m, EventKind::WorkerRecovered);
+        assert_eq!(recovered.len(), 1);
+        assert!(
+            recovered[0]
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("memory pressure (PSI some avg10 5.00%) below the limit 20.00% for 31s"),
+            "{:?}",
+            recovered[0].reason
+        );
+        assert_eq!(events(&m, EventKind::WorkerUnhealthy).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dip_restarts_the_countdown_and_no_psi_skips_the_rule() {
+        let reader = Arc::new(FakeReader::default());
+        let (m, _) = start(None, reader.clone());
+        // No memory.pressure (cgroup v1, or no PSI): the rule does nothing.
+        for _ in 0..5 {
+            m.tick();
+            tokio::time::advance(Duration::from_secs(30)).await;
+        }
+        assert_eq!(status(&m).0, Health::Healthy);
+        psi(&reader, "25.00");
+        m.tick();
+        tokio::time::advance(Duration::from_secs(50)).await;
+        m.tick();
+        psi(&reader, "1.00");
+        m.tick();
+        assert_eq!(
+            status(&m).0,
+            Health::Healthy,
+            "clearly below: the clock stops"
+        );
+        psi(&reader, "25.00");
+        m.tick();
+        tokio::time::advance(Duration::from_secs(50)).await;
+        m.tick();
+        assert_eq!(status(&m).0, Health::Degraded, "50 s of 60 s again");
+        assert!(events(&m, EventKind::WorkerUnhealthy).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pressure_verdict_survives_a_restart_and_recovers_once() {
+        let state = tempfile::tempdir().unwrap();
+        let reader = Arc::new(FakeReader::default());
+        let (m, _) = start(Some(state.path()), reader.clone());
+        psi(&reader, "50.00");
+        m.tick();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        m.tick();
+        assert_eq!(status(&m).0, Health::Unhealthy);
+        drop(m);
+
+        let (m, _) = start(Some(state.path()), reader.clone());
+        let (health, reason) = status(&m);
+        assert_eq!(health, Health::Unhealthy);
+        assert!(reason.contains("memory pressure: "), "{reason}");
+        // Still above, for long: not said again (neither a soft-cap crossing).
+        for _ in 0..3 {
+            m.tick();
+            tokio::time::advance(Duration::from_secs(61)).await;
+        }
+        assert_eq!(events(&m, EventKind::WorkerUnhealthy).len(), 1);
+        assert!(events(&m, EventKind::SoftCapExceeded).is_empty());
+        psi(&reader, "0.00");
+        m.tick();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        m.tick();
+        assert_eq!(status(&m).0, Health::Healthy);
+        assert_eq!(events(&m, EventKind::WorkerRecovered).len(), 1);
+        drop(m);
+        let (m, _) = start(Some(state.path()), reader);
+        assert_eq!(status(&m).0, Health::Healthy);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_events_become_counters_and_throttling_one_event() {
+        let reader = Arc::new(FakeReader::default());
+        *reader.host_pressure.lock().unwrap() =
+            crate::cgroup::pressure::parse("some avg10=0.00 avg60=0.00 avg300=0.01 total=878361\n")
+                .pressure;
+        let (m, metrics) = start(None, reader.clone());
+        let cg = Path::new("/cg/w1");
+        let high =
+            |n: u64| format!("low 0\nhigh {n}\nmax 1\noom 0\noom_kill 0\noom_group_kill 0\n");
+        for n in [10, 10, 14, 20, 31] {
+            reader.set_events(cg, &high(n));
+            m.tick();
+            tokio::time::advance(Duration::from_secs(10)).await;
+        }
+        let counter = |event| {
+            metrics
+                .memory_events
+                .with_label_values(&["w1", event])
+                .get()
+        };
+        assert_eq!(
+            (counter("high"), counter("max"), counter("oom")),
+            (31, 1, 0)
+        );
+        let throttled = events(&m, EventKind::MemoryHighThrottled);
+        assert_eq!(throttled.len(), 1, "{throttled:?}");
+        assert_eq!(throttled[0].worker.as_deref(), Some("w1"));
+        assert_eq!(throttled[0].count, Some(4));
+        assert_eq!(throttled[0].cgroup.as_deref(), Some("/cg/w1"));
+        // Still for a minute, then throttled again: a second event.
+        for _ in 0..7 {
+            m.tick();
+            tokio::time::advance(Duration::from_secs(10)).await;
+        }
+        reader.set_events(cg, &high(40));
+        m.tick();
+        assert_eq!(events(&m, EventKind::MemoryHighThrottled).len(), 2);
+        assert_eq!(counter("high"), 40);
+        // The host's PSI is published too; no `full` line, no `full` series.
+        let stall = metrics
+            .memory_pressure_stall
+            .with_label_values(&["host", "", "some"])
+            .get();
+        assert!((stall - 0.878361).abs() < 1e-9, "{stall}");
     }
 }

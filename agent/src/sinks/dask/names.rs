@@ -283,6 +283,7 @@ mod tests {
             soft_cap: None,
             unhealthy_after: Duration::from_secs(1),
             recover_after: Duration::from_secs(1),
+            pressure: None,
         }
     }
 

@@ -114,6 +114,7 @@ fn sink_seeing(url: &str, outbox: &Outbox, health: WorkerHealth) -> DaskSink {
             soft_cap: None,
             unhealthy_after: Duration::from_secs(1),
             recover_after: Duration::from_secs(1),
+            pressure: None,
         })
         .collect::<Vec<_>>()
         .into();

@@ -535,3 +535,33 @@ async fn drains_and_requeues_wait_out_the_gate_after_a_state_loss() {
     );
     assert_eq!(of_kind(&sink, EventKind::ActionSkipped).len(), 2);
 }
+
+/// The pressure rule's verdicts are `worker_unhealthy` / `worker_recovered`
+/// like the soft cap's: the node is drained with the reason, and resumed.
+#[tokio::test]
+async fn a_pressure_verdict_drains_and_its_recovery_resumes() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    let reason = "memory pressure: some tasks stalled on memory 31.20% of the last 10 s \
+                  (PSI some avg10), above the limit 20.00%, for 60s";
+    let batch = [fx.event(EventKind::WorkerUnhealthy, "w1", |b| {
+        b.reason = Some(reason.into())
+    })];
+    sink.send(&batch).await.unwrap();
+    let calls = fx.calls();
+    assert!(
+        calls[1].starts_with(
+            "update NodeName=n1 State=DRAIN Reason=memwatch: worker w1 unhealthy: memory pressure: "
+        ),
+        "{calls:?}"
+    );
+    let batch = [fx.event(EventKind::WorkerRecovered, "w1", |b| {
+        b.reason =
+            Some("memory pressure (PSI some avg10 3.10%) below the limit 20.00% for 30s".into())
+    })];
+    sink.send(&batch).await.unwrap();
+    assert_eq!(
+        fx.calls()[calls.len()..],
+        ["show node n1 -o", "update NodeName=n1 State=RESUME"]
+    );
+}

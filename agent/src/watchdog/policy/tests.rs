@@ -16,6 +16,7 @@ fn spec(name: &str, cap: u64) -> WorkerSpec {
         soft_cap: Some(cap),
         unhealthy_after: Duration::from_secs(60),
         recover_after: Duration::from_secs(30),
+        pressure: None,
     }
 }
 
@@ -27,6 +28,7 @@ fn sample(worker: u64, tasks: &[(&str, u64)]) -> Sample {
     Sample {
         workers: [("w1".to_string(), worker)].into(),
         tasks: tasks.iter().map(|(id, m)| (id.to_string(), *m)).collect(),
+        ..Sample::default()
     }
 }
 
