@@ -351,7 +351,11 @@ async fn slurm_down_while_a_worker_is_unhealthy_then_recovers_drains_nothing() {
     ))
     .await;
     let down = Instant::now();
-    tokio::task::block_in_place(|| cluster.stop_controller());
+    cluster.stop_controller();
+    assert!(
+        cluster.node_states().is_empty(),
+        "the controller still answers after it was stopped"
+    );
 
     let hog = Guarded(
         memhog_in(worker.path(), 200, 120)
@@ -370,14 +374,25 @@ async fn slurm_down_while_a_worker_is_unhealthy_then_recovers_drains_nothing() {
         })
         .await;
     let outage = down.elapsed();
-    tokio::task::block_in_place(|| cluster.start_controller());
+    cluster.start_controller();
 
     // The sink's retries reach Slurm again (2 s apart at most): watch n1.
-    let skipped = agent
-        .wait_for_event(Duration::from_secs(30), "action_skipped", |e| {
-            e.body.kind == EventKind::ActionSkipped
-        })
-        .await;
+    let back = Instant::now();
+    let skipped = loop {
+        let events = agent.events(0).await;
+        if let Some(e) = events
+            .into_iter()
+            .find(|e| e.body.kind == EventKind::ActionSkipped)
+        {
+            break e;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "no action_skipped within 30 s of Slurm coming back; agent log:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let watch = Instant::now();
     while watch.elapsed() < Duration::from_secs(6) {
         let state = state_of(&cluster, "n1");

@@ -312,16 +312,7 @@ impl SlurmSink {
     async fn drain(&mut self, worker: &str, why: Option<&str>) -> Result<(), ScontrolError> {
         let node = self.node_of(worker);
         if let Some(why) = stale(&self.health, worker) {
-            info!(sink = %self.config.name, %node, %worker, %why, "drain skipped");
-            self.pending.remove(worker);
-            self.count("skipped");
-            report(
-                &self.recorder,
-                EventKind::ActionSkipped,
-                Some(worker),
-                Some(&node),
-                why,
-            );
+            self.skip_stale(worker, &node, why);
             return Ok(());
         }
         if let Some(why) = self.gate.holds() {
@@ -374,6 +365,12 @@ impl SlurmSink {
             self.hold(worker, &node, &reason);
             return Ok(());
         }
+        // Reading the nodes may have waited on a controller coming back:
+        // the worker may have recovered meanwhile.
+        if let Some(why) = stale(&self.health, worker) {
+            self.skip_stale(worker, &node, why);
+            return Ok(());
+        }
         let reason = drain_reason(worker, why);
         let decided = std::time::Instant::now();
         self.scontrol(&[
@@ -383,6 +380,26 @@ impl SlurmSink {
             format!("Reason={reason}"),
         ])
         .await?;
+        if let Some(why) = stale(&self.health, worker) {
+            // The drain waited on the controller longer than the episode
+            // lasted: the worker recovered while it was in flight. Undone
+            // (kept as memwatch's drain until then: a resume that must wait
+            // for the node is the recovery's to finish).
+            self.state
+                .drained
+                .entry(node.clone())
+                .or_default()
+                .insert(worker.to_string());
+            self.resume_node(&node).await?;
+            self.state.drained.remove(&node);
+            self.count("undo");
+            self.skip_stale(
+                worker,
+                &node,
+                format!("{why}; node {node} resumed: it recovered while the drain was in flight"),
+            );
+            return Ok(());
+        }
         info!(sink = %self.config.name, %node, %worker, "node drained");
         self.count("drain");
         self.state
@@ -393,6 +410,47 @@ impl SlurmSink {
         self.pending.remove(worker);
         self.blocked.remove(worker);
         self.recheck(worker, &node, decided).await
+    }
+
+    /// Says (once per event) that acting on `worker` being unhealthy would
+    /// act on the past.
+    fn skip_stale(&mut self, worker: &str, node: &str, why: String) {
+        info!(sink = %self.config.name, %node, %worker, %why, "drain skipped");
+        self.pending.remove(worker);
+        self.count("skipped");
+        report(
+            &self.recorder,
+            EventKind::ActionSkipped,
+            Some(worker),
+            Some(node),
+            why,
+        );
+    }
+
+    /// `State=RESUME`. Right after the controller restarted, a node it has
+    /// not heard from yet cannot be resumed ("Invalid node state
+    /// specified"): that is tried again later, not given up.
+    async fn resume_node(&self, node: &str) -> Result<(), ScontrolError> {
+        let resumed = self
+            .scontrol(&[
+                "update".into(),
+                format!("NodeName={node}"),
+                "State=RESUME".into(),
+            ])
+            .await;
+        match resumed {
+            Err(ScontrolError::Refused { args, stderr })
+                if stderr.to_lowercase().contains("invalid node state") =>
+            {
+                Err(ScontrolError::Unreachable {
+                    args,
+                    stderr: format!(
+                        "{stderr} (the node has not registered with the controller yet)"
+                    ),
+                })
+            }
+            other => other.map(|_| ()),
+        }
     }
 
     /// The node is drained already: by memwatch (a drain this sink's state
@@ -427,12 +485,7 @@ impl SlurmSink {
             debug!(sink = %self.config.name, %node, checked_after = ?decided.elapsed(), "drain re-checked");
             return Ok(());
         }
-        self.scontrol(&[
-            "update".into(),
-            format!("NodeName={node}"),
-            "State=RESUME".into(),
-        ])
-        .await?;
+        self.resume_node(node).await?;
         self.state.drained.remove(node);
         self.count("undo");
         let reason = format!(
@@ -502,12 +555,7 @@ impl SlurmSink {
         let reason = fields.get("Reason").map_or("", String::as_str);
         let state = fields.get("State").map_or("", String::as_str);
         if state.contains("DRAIN") && reason.starts_with(REASON_PREFIX) {
-            self.scontrol(&[
-                "update".into(),
-                format!("NodeName={node}"),
-                "State=RESUME".into(),
-            ])
-            .await?;
+            self.resume_node(&node).await?;
             info!(sink = %self.config.name, %node, %worker, "node resumed");
             self.count("resume");
         } else {

@@ -38,6 +38,12 @@ case "$1 $2" in
     else echo "JobId=$3 JobState=RUNNING BatchHost=n1 NodeList=n1"; fi; exit 0;;
 "requeue "*) touch "$dir/requeued-$2"; exit 0;;
 esac
+# A node the controller has not heard from since it restarted.
+case "$*" in *State=RESUME*)
+    if [ -f "$dir/resume-refused" ]; then
+        echo "slurm_update error: Invalid node state specified" >&2; exit 1
+    fi;;
+esac
 node=""
 for a in "$@"; do
     case "$a" in
@@ -563,5 +569,81 @@ async fn a_pressure_verdict_drains_and_its_recovery_resumes() {
     assert_eq!(
         fx.calls()[calls.len()..],
         ["show node n1 -o", "update NodeName=n1 State=RESUME"]
+    );
+}
+
+/// Right after the controller restarted, a node it has not heard from yet
+/// cannot be resumed: the resume is tried again (a transient failure, the
+/// batch retried), not given up with the node left drained.
+#[tokio::test]
+async fn a_resume_the_controller_cannot_take_yet_is_tried_again() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    sink.send(&[fx.event(EventKind::WorkerUnhealthy, "w1", |_| {})])
+        .await
+        .unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists());
+    fx.touch("resume-refused", "");
+    let recovered = [fx.event(EventKind::WorkerRecovered, "w1", |_| {})];
+    let error = sink.send(&recovered).await.unwrap_err();
+    assert!(error.to_string().contains("not registered"), "{error}");
+    assert!(fx.dir.path().join("drained-n1").exists(), "still drained");
+    fs::remove_file(fx.dir.path().join("resume-refused")).unwrap();
+    sink.send(&recovered).await.unwrap();
+    assert!(!fx.dir.path().join("drained-n1").exists(), "resumed");
+}
+
+/// A drain that waited on the controller longer than the episode lasted
+/// (the worker recovered while it was in flight) is undone at once, and
+/// said (`action_skipped`).
+#[tokio::test]
+async fn a_drain_the_worker_outlived_is_undone_at_once() {
+    let fx = Fixture::new();
+    // Unhealthy for the checks before the drain, healthy after it.
+    let looks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&looks);
+    let mut sink = fx.sink_seeing(
+        Guard {
+            min_remaining: 1,
+            min_remaining_fraction: 0.0,
+        },
+        Arc::new(move |_| {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(if n < 2 {
+                Health::Unhealthy
+            } else {
+                Health::Healthy
+            })
+        }),
+    );
+    let mut fx = fx;
+    sink.send(&[fx.event(EventKind::WorkerUnhealthy, "w1", |_| {})])
+        .await
+        .unwrap();
+    let calls = fx.calls();
+    assert!(
+        calls.iter().any(|c| c.contains("n1 State=DRAIN"))
+            && calls
+                .last()
+                .is_some_and(|c| c == "update NodeName=n1 State=RESUME"),
+        "{calls:?}"
+    );
+    assert!(!fx.dir.path().join("drained-n1").exists());
+    let skipped: Vec<_> = sink
+        .recorder
+        .outbox()
+        .read(0, 100)
+        .into_iter()
+        .filter(|e| e.body.kind == EventKind::ActionSkipped)
+        .collect();
+    assert_eq!(skipped.len(), 1);
+    assert!(
+        skipped[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("in flight"),
+        "{skipped:?}"
     );
 }
