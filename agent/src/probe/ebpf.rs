@@ -88,6 +88,13 @@ pub(crate) enum ProbeError {
     Btf(#[from] BtfError),
     #[error("loading the eBPF object: {0}")]
     Load(#[source] Box<aya::EbpfError>),
+    /// The capabilities are there, a seccomp filter refuses bpf(2).
+    #[error("seccomp blocks bpf(): {why} (the error: {source})")]
+    Seccomp {
+        why: String,
+        #[source]
+        source: Box<aya::EbpfError>,
+    },
     #[error("eBPF object: `{name}` {detail}")]
     Object { name: &'static str, detail: String },
     #[error("attaching to `{tracepoint}` (tp_btf: {btf}; raw tracepoint: {source})")]
@@ -245,7 +252,13 @@ impl EbpfProbe {
         }
         let mut ebpf = loader
             .load(PROGRAMS)
-            .map_err(|e| ProbeError::Load(Box::new(e)))?;
+            .map_err(|e| match privilege::seccomp_refusal(&e) {
+                Some(why) => ProbeError::Seccomp {
+                    why,
+                    source: Box::new(e),
+                },
+                None => ProbeError::Load(Box::new(e)),
+            })?;
         let aya_btf =
             aya::Btf::parse_file(btf_path, aya::Endianness::default()).map_err(|e| e.to_string());
         let growth_hook = match &growth_unavailable {
