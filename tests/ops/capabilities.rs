@@ -235,3 +235,96 @@ async fn systemd_notify_ready_watchdog_and_stopping_from_the_real_agent() {
     assert_eq!(agent.stop(), Some(0), "{}", agent.log_text());
     notifications_until(&socket, "STOPPING=1", Duration::from_secs(1));
 }
+
+/// A seccomp filter as Debian 12's container profile behaves for a
+/// process without CAP_SYS_ADMIN: `bpf(2)` refused with EPERM, the rest
+/// allowed. Installed in the child before it execs (x86_64 numbers).
+fn refuse_bpf_with_eperm() -> std::io::Result<()> {
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const SYS_BPF: u32 = 321;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        // arch == x86_64, else allow (the test runs there only).
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4),
+        jump(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            AUDIT_ARCH_X86_64,
+            0,
+            3,
+        ),
+        // nr == bpf → EPERM
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        jump(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, SYS_BPF, 0, 1),
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with a filter that lives until the call returns (the
+    // kernel copies it).
+    let rc = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &program as *const libc::sock_fprog,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The capabilities are there, a seccomp filter refuses `bpf(2)`: doctor
+/// (and `run`'s fallback reason, the same error) says "seccomp blocks
+/// bpf()", not a map error, and polling is the source left.
+#[test]
+fn a_seccomp_filter_refusing_bpf_is_named_by_doctor() {
+    if !kernel_tests_enabled("a_seccomp_filter_refusing_bpf_is_named_by_doctor")
+        || !cfg!(target_arch = "x86_64")
+    {
+        return;
+    }
+    let mut doctor = Command::new(workspace_bin("memwatch"));
+    doctor.args(["doctor", "--json"]);
+    // SAFETY: only async-signal-safe calls (prctl) between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut doctor, refuse_bpf_with_eperm);
+    }
+    let out = doctor.output().expect("memwatch doctor");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let rows = report["rows"].as_array().expect("rows");
+    let source = rows
+        .iter()
+        .find(|r| r["name"] == "source for `run`")
+        .unwrap_or_else(|| panic!("no source row: {report}"));
+    let detail = source["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("seccomp blocks bpf()") && detail.starts_with("poll"),
+        "{source}"
+    );
+    println!("under a filter refusing bpf(2): {detail}");
+}
