@@ -254,37 +254,30 @@ impl SlurmSink {
             }
             (EventKind::Heartbeat, _) if self.config.drain => self.retry_pending(event).await,
             (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
-                match job_id(event) {
-                    // Found in the kernel's counters after the fact: the
-                    // job may have ended long ago, or be running again.
-                    Some(job) if event.body.recovered == Some(true) => {
+                let Some(job) = job_id(event) else {
+                    return Ok(());
+                };
+                // Found in the kernel's counters after the fact, the job may
+                // have ended long ago or be running again; after a state
+                // loss, verdicts wait one window.
+                let held = if event.body.recovered == Some(true) {
+                    Some("its OOM kill was recovered after the fact, not seen live".to_string())
+                } else {
+                    self.gate.holds()
+                };
+                match held {
+                    Some(why) => {
                         self.count("skipped");
                         report(
                             &self.recorder,
                             EventKind::ActionSkipped,
                             worker,
                             None,
-                            format!(
-                                "job {job} not requeued: its OOM kill was recovered after the fact, not seen live"
-                            ),
+                            format!("job {job} not requeued: {why}"),
                         );
                         Ok(())
                     }
-                    Some(job) => match self.gate.holds() {
-                        Some(why) => {
-                            self.count("skipped");
-                            report(
-                                &self.recorder,
-                                EventKind::ActionSkipped,
-                                worker,
-                                None,
-                                format!("job {job} not requeued: {why}"),
-                            );
-                            Ok(())
-                        }
-                        None => self.requeue(job).await,
-                    },
-                    None => Ok(()),
+                    None => self.requeue(job).await,
                 }
             }
             _ => Ok(()),
