@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::vm::Outcome;
 
+// Long, on purpose: the text of docs/kernels.md, top to bottom.
 pub(crate) fn render(outcomes: &[Outcome], accel: &str) -> String {
     let mut out = String::from(
         "# Kernels memwatch is tested on\n\

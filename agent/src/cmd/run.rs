@@ -17,6 +17,9 @@ use crate::{
     telemetry::notify::Notifier,
 };
 
+// Long, on purpose: the agent's lifetime in order (signals, notify,
+// daemon, API listeners, readiness, run, shutdown with its grace); each
+// step's early exit matters to the next, and a reader follows it once.
 pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
     let signal = shutdown_signal()?;
     // systemd's `Type=notify` and `WatchdogSec=` (nothing without them).

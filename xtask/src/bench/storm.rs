@@ -68,6 +68,8 @@ impl Drop for Cgroups {
     }
 }
 
+// Long: the storm's phases (setup, kills, churn, counting) share the
+// receiver, agents and counters; could be split into named steps later.
 pub(super) fn storm() -> anyhow::Result<()> {
     let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
     let receiver = Receiver::start();

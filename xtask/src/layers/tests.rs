@@ -140,6 +140,8 @@ fn grouped_multi_line_use_is_caught() {
     );
 }
 
+// Long, on purpose: a table of planted sources and the violation each
+// must give; one case per row reads better than one function per case.
 #[test]
 fn inline_crate_paths_are_caught() {
     let text = "use crate::model::Event;\n\

@@ -299,6 +299,8 @@ impl Accel {
 
 /// Boots `kernel` with the initramfs and follows its serial console until
 /// the exit line, the VM's end, or `timeout`.
+// Long: QEMU's command, its two output readers and the console loop share
+// the child and the deadline; could be split into named steps later.
 fn boot(
     spec: &str,
     kernel: &kernel::Kernel,

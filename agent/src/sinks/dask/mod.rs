@@ -211,6 +211,9 @@ impl DaskSink {
     /// cluster guard lets go, one memwatch worker at a time, against the
     /// scheduler's present view (shared by every host's agent: a worker
     /// retiring by anyone's doing counts as gone).
+    // Long, on purpose: the checks before a retirement (stale, gate, guard,
+    // guard again on fresh statuses, the bounded answer) share the view and
+    // must run in this order; split, the order would hide in the calls.
     async fn retire_pending(&mut self) -> Result<(), SendError> {
         for worker in self.pending.clone() {
             if let Some(why) = stale(&self.health, &worker) {

@@ -20,6 +20,9 @@ impl SlurmSink {
     /// draining, the view is read again (once drains started elsewhere in
     /// the same moment have landed): if they crossed the floor together,
     /// the lowest-named node keeps its drain and the others are resumed.
+    // Long, on purpose: the same ordered checks as the Dask sink's
+    // retirement (stale, gate, operator's drain, guard, stale again, the
+    // update, stale after it, the re-check), sharing the node view.
     pub(super) async fn drain(
         &mut self,
         worker: &str,
