@@ -1,5 +1,8 @@
-//! How fast the durable outbox takes events (each append is one SQLite
-//! transaction, WAL, synchronous=FULL) and reads them back, and how fast
+//! How fast the durable outbox stores events (appends queue; the writer
+//! thread commits what waits in one SQLite transaction, WAL,
+//! synchronous=FULL): one at a time (each waited for until durable, the
+//! latency of a lone OOM kill) and as a burst (group commit), side by
+//! side; how fast it reads them back, and how fast
 //! the webhook sink then delivers them all to a receiver on 127.0.0.1
 //! (default batches of 100; each acknowledged batch moves the cursor).
 //!
@@ -24,16 +27,43 @@ fn main() {
     let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
     let outbox = Outbox::open(tmp.path(), "bench", Limits::default(), metrics.clone()).unwrap();
 
+    // One at a time: each event waited for until it is durable.
+    let lone = (events / 10).clamp(100, 1000);
+    let mut took = Vec::new();
+    let mut newest = outbox.subscribe();
+    for i in 0..lone {
+        let start = Instant::now();
+        let seq = outbox.append(oom_kill(i), None).seq;
+        while *newest.borrow_and_update() < seq {
+            std::hint::spin_loop();
+        }
+        took.push(start.elapsed());
+    }
+    took.sort();
+    let lone_total: Duration = took.iter().sum();
+    // The same, written on the caller's thread (what an append cost when
+    // it wrote its event itself): the hand-off's share of the latency.
+    let mut inline = Vec::new();
+    for i in 0..lone {
+        let start = Instant::now();
+        outbox.append(oom_kill(i), None);
+        outbox.maintain();
+        inline.push(start.elapsed());
+    }
+    inline.sort();
+
+    // A burst: appended as fast as they come, then waited for.
     let start = Instant::now();
+    let mut last = 0;
     for i in 0..events {
-        let mut body = EventBody::new(EventKind::OomKill);
-        body.pid = Some(i as u32);
-        body.comm = Some("memhog".into());
-        body.cgroup = Some("/sys/fs/cgroup/memory/slurm/uid_1000/job_12345".into());
-        body.rss_bytes = Some(64 << 20);
-        outbox.append(body, None);
+        last = outbox.append(oom_kill(i), None).seq;
+    }
+    let queued = start.elapsed();
+    while *newest.borrow_and_update() < last {
+        std::thread::sleep(Duration::from_micros(50));
     }
     let append = start.elapsed();
+    let events = events + 2 * lone;
 
     let start = Instant::now();
     let mut after = 0;
@@ -45,17 +75,31 @@ fn main() {
         read += page.len();
     }
     let reading = start.elapsed();
-    assert_eq!(read as u64, events);
+    assert_eq!(read as u64, events, "{:?}", outbox.status());
     let size = std::fs::read_dir(tmp.path())
         .unwrap()
         .flatten()
         .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
         .sum::<u64>();
+    let burst = events - 2 * lone;
     println!(
-        "append: {events} events in {:.2} s = {:.0} events/s ({:.1} µs each)",
+        "one at a time: {lone} events, each durable after p50 {:.0} µs, p99 {:.0} µs = {:.0} events/s",
+        took[took.len() / 2].as_secs_f64() * 1e6,
+        took[took.len() * 99 / 100].as_secs_f64() * 1e6,
+        lone as f64 / lone_total.as_secs_f64()
+    );
+    println!(
+        "written by the caller instead: p50 {:.0} µs, p99 {:.0} µs",
+        inline[inline.len() / 2].as_secs_f64() * 1e6,
+        inline[inline.len() * 99 / 100].as_secs_f64() * 1e6,
+    );
+    println!(
+        "burst: {burst} events queued in {:.3} s, all durable after {:.2} s = {:.0} events/s \
+         ({:.1}x the one-at-a-time rate)",
+        queued.as_secs_f64(),
         append.as_secs_f64(),
-        events as f64 / append.as_secs_f64(),
-        append.as_secs_f64() * 1e6 / events as f64
+        burst as f64 / append.as_secs_f64(),
+        (burst as f64 / append.as_secs_f64()) / (lone as f64 / lone_total.as_secs_f64())
     );
     println!(
         "read:   {read} events in pages of 1000 in {:.3} s = {:.0} events/s",
@@ -70,6 +114,15 @@ fn main() {
         took.as_secs_f64(),
         delivered as f64 / took.as_secs_f64()
     );
+}
+
+fn oom_kill(i: u64) -> EventBody {
+    let mut body = EventBody::new(EventKind::OomKill);
+    body.pid = Some(i as u32);
+    body.comm = Some("memhog".into());
+    body.cgroup = Some("/sys/fs/cgroup/memory/slurm/uid_1000/job_12345".into());
+    body.rss_bytes = Some(64 << 20);
+    body
 }
 
 /// Runs the webhook sink over the outbox until a local receiver has counted

@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod cgroup;
 pub mod dask;
+pub mod ext4;
 pub mod nats;
 pub mod ops;
 pub mod process;

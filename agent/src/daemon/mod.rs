@@ -136,6 +136,7 @@ impl Daemon {
         }
         let probe_state = Arc::new(Mutex::new(ProbeState::default()));
         let liveness = Liveness::default();
+        outbox.watch_writer(&liveness);
         let status = status::agent_status(
             config.node_name.clone(),
             probe_state.clone(),

@@ -1,14 +1,21 @@
-//! The outbox: every event is numbered and written to the state directory
-//! (SQLite, see store.rs) before anything reads or ships it.
+//! The outbox: every event is numbered at once and written to the state
+//! directory (SQLite, see store.rs) by a writer thread, many events to one
+//! commit (writer.rs); sinks are woken once it is written. Appending never
+//! waits for the disk, nor does [`Outbox::status`]; calls that read or
+//! write the database from async code move off the runtime's workers
+//! first, so a disk that hangs stalls the loops that need it, never the
+//! API (`/live` then names them). A reader may see an event still queued
+//! for the writer; its seq is final all the same.
 //!
 //! - `seq` is per database, strictly increasing, and never handed out
 //!   twice, even across a crash: numbers are reserved in blocks of
 //!   [`SEQ_BLOCK`] persisted ahead (`reserved_seq` in the database) before
 //!   any of them is handed out, and an open goes on above the reservation.
-//!   A restart may so skip numbers (gaps); it never reuses one. When no
-//!   reservation can be persisted (disk full) and the reserved numbers are
-//!   used up, new events wait in memory **unnumbered** (seq 0, seen by no
-//!   reader or sink) until a reservation can be written, then get their
+//!   A restart may so skip numbers (gaps); it never reuses one. The writer
+//!   keeps a block reserved ahead, so appends number without writing. When
+//!   no reservation can be persisted (disk full) and the reserved numbers
+//!   are used up, new events wait in memory **unnumbered** (seq 0, seen by
+//!   no reader or sink) until a reservation can be written, then get their
 //!   numbers in order: late, never twice.
 //! - Each database has an epoch (store.rs); every event carries it. A
 //!   corrupt database is set aside at open and a fresh one made (new
@@ -30,16 +37,17 @@
 use std::{
     collections::{BTreeMap, VecDeque},
     path::Path,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError},
     time::Duration,
 };
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
-use tracing::{info, warn};
+use tokio::{runtime::RuntimeFlavor, sync::watch};
+use tracing::warn;
 
 pub(crate) mod store;
+mod writer;
 
 pub(crate) use self::store::Quarantined;
 use self::store::{Store, StoreError};
@@ -48,7 +56,10 @@ use crate::{
         event::{Event, EventBody, EventKind},
         spec::TaskRequest,
     },
-    telemetry::Metrics,
+    telemetry::{
+        Metrics,
+        liveness::{Beat, Liveness},
+    },
 };
 
 /// Default number of events kept.
@@ -58,8 +69,12 @@ pub(crate) const DEFAULT_CAPACITY: usize = 100_000;
 pub(crate) const DEFAULT_MAX_BYTES: u64 = 128 << 20;
 /// Default age after which an event is removed (seven days).
 pub(crate) const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Events held in memory while the state directory cannot be written.
+/// Events queued in memory for the writer at most: while the state
+/// directory cannot be written, the drop policy keeps to it; while it can,
+/// an append waits (at most [`APPEND_WAIT`]) for room instead.
 pub(crate) const PENDING_CAPACITY: usize = 10_000;
+/// How long an append waits for the writer to make room in a full queue.
+const APPEND_WAIT: Duration = Duration::from_secs(1);
 /// The name of the policy applied when a bound is reached.
 pub(crate) const DROP_POLICY: &str = "drop_low_priority_first";
 /// Seqs reserved (persisted) at a time; a new block is reserved once less
@@ -75,7 +90,7 @@ pub struct Limits {
     /// Bytes of event JSON kept (the rows' size; the file is somewhat larger).
     pub max_bytes: u64,
     pub max_age: Duration,
-    /// Events held in memory while writes fail.
+    /// Events queued in memory (the bound while writes fail).
     pub pending: usize,
 }
 
@@ -117,9 +132,22 @@ pub struct SinkStatus {
     pub backlog: u64,
 }
 
+/// The outbox: cheap to clone, shared by every part of the agent.
 #[derive(Clone)]
 pub struct Outbox {
-    inner: Arc<Mutex<Inner>>,
+    /// First, so that dropping the last clone stops the writer (which
+    /// writes what is left) before the database is closed.
+    writer: Arc<writer::Handle>,
+    core: Arc<Core>,
+}
+
+/// What the clones share. Lock order: `store`, then `mem`; `mem` is never
+/// held while the database is written, so appending never waits for a disk.
+struct Core {
+    store: Mutex<Store>,
+    mem: Mutex<Mem>,
+    /// Signalled when the writer has taken events off the queue.
+    room: Condvar,
     host: Arc<str>,
     metrics: Metrics,
     /// The newest seq, for readers that wait for more (sinks, `events --follow`).
@@ -127,11 +155,12 @@ pub struct Outbox {
     /// The database's epoch.
     epoch: Arc<str>,
     /// The corrupt database set aside when this one was opened.
-    set_aside: Option<Arc<Quarantined>>,
+    set_aside: OnceLock<Quarantined>,
+    /// The writer's liveness beat, once the agent watches it.
+    beat: Mutex<Option<Beat>>,
 }
 
-struct Inner {
-    store: Store,
+struct Mem {
     limits: Limits,
     next_seq: u64,
     /// The highest seq persisted as reserved in this run: numbers from
@@ -144,10 +173,16 @@ struct Inner {
     /// Not yet written, oldest first; all newer than anything stored. The
     /// unnumbered ones (seq [`UNNUMBERED`]) are the newest.
     pending: VecDeque<Event>,
+    /// How many of the first `pending` events a write round is writing
+    /// now: the drop policy leaves them alone.
+    in_flight: usize,
     persist_error: Option<String>,
     cursors: BTreeMap<String, u64>,
-    /// Cursors moved while the store could not be written.
+    /// Cursors moved since they were last stored.
     cursors_dirty: bool,
+    /// Each sink's backlog when last counted: what `status` says while a
+    /// write holds the database.
+    backlogs: BTreeMap<String, u64>,
 }
 
 impl Outbox {
@@ -161,18 +196,18 @@ impl Outbox {
         metrics: Metrics,
     ) -> Result<Self, StoreError> {
         let (store, set_aside) = Store::open(state_dir)?;
-        let mut outbox = Self::with_store(store, host, limits, metrics)?;
+        let outbox = Self::with_store(store, host, limits, metrics)?;
         if let Some(q) = set_aside {
-            warn!(file = %q.file.display(), aside = %q.aside.display(), error = %q.error, epoch = %outbox.epoch, "the outbox database is corrupt: set aside, started afresh");
+            warn!(file = %q.file.display(), aside = %q.aside.display(), error = %q.error, epoch = %outbox.core.epoch, "the outbox database is corrupt: set aside, started afresh");
             outbox
+                .core
                 .metrics
                 .state_quarantined
                 .with_label_values(&["outbox"])
                 .inc();
-            let q = Arc::new(q);
-            outbox.set_aside = Some(Arc::clone(&q));
             let mut body = EventBody::new(EventKind::EventQuarantined);
             body.reason = Some(outbox.describe_set_aside(&q));
+            let _ = outbox.core.set_aside.set(q);
             outbox.append(body, None);
         }
         Ok(outbox)
@@ -187,18 +222,18 @@ impl Outbox {
             q.file.display(),
             q.error,
             q.aside.display(),
-            self.epoch
+            self.core.epoch
         )
     }
 
     /// The corrupt database set aside when this outbox was opened, if any.
     pub(crate) fn set_aside(&self) -> Option<&Quarantined> {
-        self.set_aside.as_deref()
+        self.core.set_aside.get()
     }
 
     /// The database's epoch: seqs of two epochs are not comparable.
     pub fn epoch(&self) -> &str {
-        &self.epoch
+        &self.core.epoch
     }
 
     /// An outbox in memory only, bounded to `capacity` events (tests).
@@ -222,156 +257,147 @@ impl Outbox {
         let stored = store.count()?;
         let stored_bytes = store.bytes()?;
         let epoch: Arc<str> = store.epoch().into();
-        let outbox = Self {
-            inner: Arc::new(Mutex::new(Inner {
-                store,
+        // The first block, so that appends number at once; without it
+        // (a full disk) events wait unnumbered for the writer.
+        let reserved = match store.reserve_seqs(last + SEQ_BLOCK) {
+            Ok(()) => last + SEQ_BLOCK,
+            Err(error) => {
+                warn!(%error, "cannot reserve seqs; new events wait in memory unnumbered");
+                last
+            }
+        };
+        let core = Arc::new(Core {
+            store: Mutex::new(store),
+            mem: Mutex::new(Mem {
                 limits,
                 next_seq: last + 1,
-                reserved: last,
+                reserved,
                 stored,
                 stored_bytes,
                 pending: VecDeque::new(),
+                in_flight: 0,
                 persist_error: None,
                 cursors: BTreeMap::new(),
                 cursors_dirty: false,
-            })),
+                backlogs: BTreeMap::new(),
+            }),
+            room: Condvar::new(),
             host: host.into(),
             metrics,
             newest: watch::channel(last).0,
             epoch,
-            set_aside: None,
+            set_aside: OnceLock::new(),
+            beat: Mutex::new(None),
+        });
+        let outbox = Self {
+            writer: Arc::new(writer::Handle::spawn(Arc::clone(&core))),
+            core,
         };
         outbox.prune_expired(Utc::now());
-        outbox.metrics.outbox_stored.set(stored as i64);
+        outbox.core.metrics.outbox_stored.set(stored as i64);
         Ok(outbox)
     }
 
-    /// Numbers and stores an event. `time` is when it happened; `None` means now.
+    /// Numbers an event and queues it for the writer thread, which stores
+    /// it within milliseconds, many events to one commit (see writer.rs).
+    /// `time` is when it happened; `None` means now.
     ///
-    /// Never fails: when the state directory cannot be written the event
-    /// waits in memory (see the module docs).
+    /// Never waits for the disk and never fails: when the state directory
+    /// cannot be written the event waits in memory (see the module docs).
     pub fn append(&self, body: EventBody, time: Option<DateTime<Utc>>) -> Event {
         let kind = body.kind;
+        self.wait_for_room();
         let event = {
-            let mut inner = self.lock();
-            let seq = self.take_seq(&mut inner);
+            let mut mem = self.core.mem();
+            let seq = take_seq(&mut mem);
             let event = Event {
                 id: uuid::Uuid::now_v7().to_string(),
                 seq,
                 time: time.unwrap_or_else(Utc::now),
-                host: self.host.to_string(),
-                epoch: Some(self.epoch.to_string()),
+                host: self.core.host.to_string(),
+                epoch: Some(self.core.epoch.to_string()),
                 body,
             };
-            inner.pending.push_back(event.clone());
-            if !self.flush(&mut inner) {
-                self.metrics.outbox_unpersisted.inc();
-                self.bound_pending(&mut inner);
+            mem.pending.push_back(event.clone());
+            if mem.persist_error.is_some() {
+                // Counted once: those made before writes failed are
+                // counted by the round that found out (writer.rs).
+                self.core.metrics.outbox_unpersisted.inc();
             }
+            self.core.bound_pending(&mut mem);
             event
         };
-        self.metrics
+        self.core
+            .metrics
             .events
             .with_label_values(&[kind.as_str()])
             .inc();
-        if event.seq != UNNUMBERED {
-            self.newest.send_replace(event.seq);
-        }
+        self.writer.wake();
         event
     }
 
-    /// The next seq, or [`UNNUMBERED`] while events wait unnumbered or no
-    /// reserved number is left (see the module docs).
-    fn take_seq(&self, inner: &mut Inner) -> u64 {
-        self.number_pending(inner);
-        if inner.pending.back().is_some_and(|e| e.seq == UNNUMBERED) || !self.reserve(inner, 1) {
-            return UNNUMBERED;
-        }
-        let seq = inner.next_seq;
-        inner.next_seq += 1;
-        seq
-    }
-
-    /// Makes sure `n` numbers from `next_seq` are reserved, persisting a
-    /// new block when less than half of one (beyond `n`) is left. False
-    /// when fewer than `n` are and no reservation can be written.
-    fn reserve(&self, inner: &mut Inner, n: u64) -> bool {
-        let left = (inner.reserved + 1).saturating_sub(inner.next_seq);
-        if left >= n + SEQ_BLOCK / 2 {
-            return true;
-        }
-        let until = inner.next_seq + n - 1 + SEQ_BLOCK;
-        match inner.store.reserve_seqs(until) {
-            Ok(()) => {
-                inner.reserved = until;
-                true
-            }
-            Err(error) => {
-                if left < n && inner.persist_error.is_none() {
-                    warn!(%error, "cannot reserve seqs; new events wait in memory unnumbered");
-                    inner.persist_error = Some(error.to_string());
-                }
-                left >= n
-            }
-        }
-    }
-
-    /// Numbers the events waiting unnumbered, in order, once numbers can
-    /// be reserved for them all.
-    fn number_pending(&self, inner: &mut Inner) {
-        let unnumbered = inner
-            .pending
-            .iter()
-            .rev()
-            .take_while(|e| e.seq == UNNUMBERED)
-            .count();
-        if unnumbered == 0 || !self.reserve(inner, unnumbered as u64) {
+    /// A burst faster than the disk: while the queue is full and writes
+    /// succeed, waits (at most [`APPEND_WAIT`]) for the writer to make
+    /// room rather than drop; once writes fail, the drop policy applies.
+    fn wait_for_room(&self) {
+        let full = |mem: &Mem| {
+            mem.pending.len() >= mem.limits.pending.max(1) && mem.persist_error.is_none()
+        };
+        if !full(&self.core.mem()) {
             return;
         }
-        let first = inner.pending.len() - unnumbered;
-        let mut seq = inner.next_seq;
-        for event in inner.pending.range_mut(first..) {
-            event.seq = seq;
-            seq += 1;
-        }
-        inner.next_seq = seq;
-        info!(
-            events = unnumbered,
-            "events held unnumbered in memory are numbered"
-        );
-        self.newest.send_replace(seq - 1);
+        off_runtime(|| {
+            let deadline = std::time::Instant::now() + APPEND_WAIT;
+            let mut mem = self.core.mem();
+            while full(&mem) {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                self.writer.wake();
+                mem = self
+                    .core
+                    .room
+                    .wait_timeout(mem, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        })
     }
 
-    /// Up to `limit` events with `seq > after`, oldest first.
+    /// Up to `limit` events with `seq > after`, oldest first: those stored,
+    /// then those still waiting for the writer.
     pub fn read(&self, after: u64, limit: usize) -> Vec<Event> {
-        let (events, set_aside) = {
-            let inner = self.lock();
-            let (mut events, set_aside) = match inner.store.read(after, limit) {
+        let (events, set_aside) = off_runtime(|| {
+            let store = self.core.store();
+            let (mut events, set_aside) = match store.read(after, limit) {
                 Ok(read) => read,
                 Err(error) => {
                     warn!(%error, after, "cannot read the outbox database");
                     (Vec::new(), Vec::new())
                 }
             };
+            let mem = self.core.mem();
             let room = limit.saturating_sub(events.len());
             events.extend(
-                inner
-                    .pending
+                mem.pending
                     .iter()
-                    .filter(|e| e.seq > after)
+                    .filter(|e| e.seq != UNNUMBERED && e.seq > after)
                     .take(room)
                     .cloned(),
             );
-            // Rows written by a build before epochs are of this database.
-            for event in events.iter_mut().filter(|e| e.epoch.is_none()) {
-                event.epoch = Some(self.epoch.to_string());
-            }
             (events, set_aside)
-        };
-        // Said after the lock is let go: saying it appends.
+        });
+        let mut events = events;
+        // Rows written by a build before epochs are of this database.
+        for event in events.iter_mut().filter(|e| e.epoch.is_none()) {
+            event.epoch = Some(self.core.epoch.to_string());
+        }
+        // Said after the locks are let go: saying it appends.
         for (seq, error) in set_aside {
             warn!(seq, %error, "an outbox row does not parse: set aside, the sinks go on");
-            self.metrics
+            self.core
+                .metrics
                 .events_dropped
                 .with_label_values(&["quarantined"])
                 .inc();
@@ -387,70 +413,80 @@ impl Outbox {
 
     /// Watches the newest seq.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.newest.subscribe()
+        self.core.newest.subscribe()
     }
 
     pub fn host(&self) -> &str {
-        &self.host
+        &self.core.host
+    }
+
+    /// Lets `liveness` watch the writer thread: a write that blocks (a
+    /// frozen or hung state directory) stalls it, and `/live` says so.
+    pub(crate) fn watch_writer(&self, liveness: &Liveness) {
+        let beat = liveness.register("outbox writer", writer::IDLE_WAKE);
+        *self.core.beat.lock().unwrap_or_else(|e| e.into_inner()) = Some(beat);
     }
 
     /// Makes `sink` known and returns its cursor: the last seq it
     /// acknowledged (0 for a sink never seen, which then gets everything kept).
     pub fn register_sink(&self, sink: &str) -> u64 {
-        let mut inner = self.lock();
-        let seq = match inner.store.cursor(sink) {
+        let seq = match off_runtime(|| self.core.store().cursor(sink)) {
             Ok(seq) => seq.unwrap_or(0),
             Err(error) => {
                 warn!(%error, sink, "cannot read the sink's cursor; starting from the oldest event kept");
                 0
             }
         };
-        inner.cursors.insert(sink.to_string(), seq);
+        self.core.mem().cursors.insert(sink.to_string(), seq);
         seq
     }
 
-    /// `sink` acknowledged every event up to `seq`.
+    /// `sink` acknowledged every event up to `seq` (stored by the writer).
     pub fn ack(&self, sink: &str, seq: u64) {
-        let mut inner = self.lock();
-        inner.cursors.insert(sink.to_string(), seq);
-        inner.cursors_dirty = true;
-        self.flush(&mut inner);
+        let mut mem = self.core.mem();
+        mem.cursors.insert(sink.to_string(), seq);
+        mem.cursors_dirty = true;
+        drop(mem);
+        self.writer.wake();
     }
 
     /// Events `sink` has not acknowledged yet.
     pub fn backlog(&self, sink: &str) -> u64 {
-        let inner = self.lock();
-        let acked = inner.cursors.get(sink).copied().unwrap_or(0);
-        backlog(&inner, acked)
+        let store = self.core.try_store();
+        let mut mem = self.core.mem();
+        let acked = mem.cursors.get(sink).copied().unwrap_or(0);
+        sink_backlog(store.as_deref(), &mut mem, sink, acked)
     }
 
+    /// A snapshot that never waits for the disk: while a write holds the
+    /// database, backlogs are those last counted.
     pub fn status(&self) -> OutboxStatus {
-        let inner = self.lock();
+        let store = self.core.try_store();
+        let mut mem = self.core.mem();
+        let cursors: Vec<(String, u64)> =
+            mem.cursors.iter().map(|(k, &v)| (k.clone(), v)).collect();
+        let sinks = cursors
+            .into_iter()
+            .map(|(name, acked_seq)| {
+                let backlog = sink_backlog(store.as_deref(), &mut mem, &name, acked_seq);
+                (name, SinkStatus { acked_seq, backlog })
+            })
+            .collect();
         OutboxStatus {
-            epoch: self.epoch.to_string(),
-            set_aside: self
-                .set_aside
-                .as_deref()
-                .map(|q| self.describe_set_aside(q)),
-            last_seq: inner.next_seq - 1,
-            stored: inner.stored,
-            pending: inner.pending.len() as u64,
-            persist_error: inner.persist_error.clone(),
-            sinks: inner
-                .cursors
-                .iter()
-                .map(|(name, &acked_seq)| {
-                    let backlog = backlog(&inner, acked_seq);
-                    (name.clone(), SinkStatus { acked_seq, backlog })
-                })
-                .collect(),
+            epoch: self.core.epoch.to_string(),
+            set_aside: self.set_aside().map(|q| self.describe_set_aside(q)),
+            last_seq: mem.next_seq - 1,
+            stored: mem.stored,
+            pending: mem.pending.len() as u64,
+            persist_error: mem.persist_error.clone(),
+            sinks,
         }
     }
 
     /// The kernel OOM-kill counters saved by the last run (see reconcile.rs);
     /// `None` when never saved or unreadable.
     pub fn saved_oom_counts(&self) -> Option<BTreeMap<String, u64>> {
-        match self.lock().store.oom_counts() {
+        match off_runtime(|| self.core.store().oom_counts()) {
             Ok(counts) => counts,
             Err(error) => {
                 warn!(%error, "cannot read the saved OOM counters");
@@ -461,7 +497,7 @@ impl Outbox {
 
     /// Saves the kernel OOM-kill counters; false when it could not.
     pub fn save_oom_counts(&self, counts: &BTreeMap<String, u64>) -> bool {
-        match self.lock().store.save_oom_counts(counts) {
+        match off_runtime(|| self.core.store().save_oom_counts(counts)) {
             Ok(()) => true,
             Err(error) => {
                 warn!(%error, "cannot save the OOM counters");
@@ -473,22 +509,20 @@ impl Outbox {
     /// Keeps a running task in the state directory (see [`TaskRequest`]);
     /// false when it could not.
     pub(crate) fn save_task(&self, task: &TaskRequest) -> bool {
-        self.lock()
-            .store
-            .save_task(task)
+        off_runtime(|| self.core.store().save_task(task))
             .map_err(|error| warn!(%error, task_id = ?task.task_id, "cannot keep the task"))
             .is_ok()
     }
 
     pub(crate) fn remove_task(&self, task_id: &str) {
-        if let Err(error) = self.lock().store.remove_task(task_id) {
+        if let Err(error) = off_runtime(|| self.core.store().remove_task(task_id)) {
             warn!(%error, ?task_id, "cannot forget the ended task");
         }
     }
 
     /// The running tasks the last run kept.
     pub(crate) fn saved_tasks(&self) -> Vec<TaskRequest> {
-        self.lock().store.tasks().unwrap_or_else(|error| {
+        off_runtime(|| self.core.store().tasks()).unwrap_or_else(|error| {
             warn!(%error, "cannot read the kept tasks");
             Vec::new()
         })
@@ -496,152 +530,124 @@ impl Outbox {
 
     /// Keeps `worker` as unhealthy (its cause as JSON) across restarts.
     pub(crate) fn keep_unhealthy(&self, worker: &str, cause: serde_json::Value) {
-        if let Err(error) = self.lock().store.keep_unhealthy(worker, cause) {
+        if let Err(error) = off_runtime(|| self.core.store().keep_unhealthy(worker, cause)) {
             warn!(%error, %worker, "cannot keep the worker's health");
         }
     }
 
     pub(crate) fn forget_unhealthy(&self, worker: &str) {
-        if let Err(error) = self.lock().store.forget_unhealthy(worker) {
+        if let Err(error) = off_runtime(|| self.core.store().forget_unhealthy(worker)) {
             warn!(%error, %worker, "cannot forget the worker's kept health");
         }
     }
 
     /// The workers the last run left unhealthy, with their causes.
     pub(crate) fn unhealthy_workers(&self) -> Vec<(String, serde_json::Value)> {
-        self.lock()
-            .store
-            .unhealthy_workers()
-            .unwrap_or_else(|error| {
-                warn!(%error, "cannot read the kept worker health");
-                Vec::new()
-            })
+        off_runtime(|| self.core.store().unhealthy_workers()).unwrap_or_else(|error| {
+            warn!(%error, "cannot read the kept worker health");
+            Vec::new()
+        })
     }
 
-    /// Periodic upkeep: writes out what waits in memory (and moved
-    /// cursors). Returns whether everything is written.
+    /// Writes out now, on the caller's thread, what waits in memory (and
+    /// moved cursors), as the writer thread would. Returns whether
+    /// everything is written. For shutdown and tests: the writer thread
+    /// does this by itself.
     pub fn maintain(&self) -> bool {
-        let mut inner = self.lock();
-        self.flush(&mut inner)
+        off_runtime(|| self.core.write_all())
     }
 
     /// Removes events stored before `now - max_age` (see the policy).
     pub fn prune_expired(&self, now: DateTime<Utc>) {
-        let mut inner = self.lock();
-        let max_age =
-            chrono::Duration::from_std(inner.limits.max_age).unwrap_or(chrono::Duration::MAX);
-        let cutoff = now
-            .checked_sub_signed(max_age)
-            .map_or(i64::MIN, |t| t.timestamp_millis());
-        match inner.store.remove_stored_before(cutoff) {
-            Ok(seqs) => self.removed(&mut inner, &seqs, None, "expired"),
-            Err(error) => warn!(%error, "cannot remove expired events"),
+        off_runtime(|| {
+            let mut store = self.core.store();
+            let max_age = chrono::Duration::from_std(self.core.mem().limits.max_age)
+                .unwrap_or(chrono::Duration::MAX);
+            let cutoff = now
+                .checked_sub_signed(max_age)
+                .map_or(i64::MIN, |t| t.timestamp_millis());
+            match store.remove_stored_before(cutoff) {
+                Ok(seqs) => self.core.removed(&store, &seqs, None, "expired"),
+                Err(error) => warn!(%error, "cannot remove expired events"),
+            }
+        })
+    }
+
+    #[cfg(test)]
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.core.store()
+    }
+}
+
+impl Core {
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The database, unless a write holds it now.
+    fn try_store(&self) -> Option<MutexGuard<'_, Store>> {
+        match self.store.try_lock() {
+            Ok(store) => Some(store),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
         }
     }
 
-    /// Tries to write every pending event and moved cursor; true when
-    /// nothing is left unwritten.
-    fn flush(&self, inner: &mut Inner) -> bool {
-        self.number_pending(inner);
-        let numbered = inner
-            .pending
-            .iter()
-            .take_while(|e| e.seq != UNNUMBERED)
-            .count();
-        if numbered > 0 {
-            let events: Vec<Event> = inner.pending.iter().take(numbered).cloned().collect();
-            let now_ms = Utc::now().timestamp_millis();
-            let mut result = inner.store.insert(&events, now_ms);
-            if result.is_err() && inner.store.checkpoint().is_ok() {
-                // The log's space is free again: one more try.
-                result = inner.store.insert(&events, now_ms);
-            }
-            match result {
-                Ok(bytes) => {
-                    inner.stored += events.len() as u64;
-                    inner.stored_bytes += bytes;
-                    inner.pending.drain(..numbered);
-                    if inner.persist_error.take().is_some() {
-                        info!(
-                            events = events.len(),
-                            "state directory writable again; events held in memory are now stored"
-                        );
-                    }
-                    let over = inner.stored.saturating_sub(inner.limits.max_events);
-                    let over_bytes = inner.stored_bytes.saturating_sub(inner.limits.max_bytes);
-                    if over > 0 || over_bytes > 0 {
-                        match inner.store.remove_in_drop_order(over, over_bytes) {
-                            Ok((seqs, freed)) => {
-                                self.removed(inner, &seqs, Some(freed), "outbox_full")
-                            }
-                            Err(error) => warn!(%error, "cannot remove events from a full outbox"),
-                        }
-                    }
-                }
-                Err(error) => {
-                    if inner.persist_error.is_none() {
-                        warn!(%error, "cannot write the outbox; holding events in memory");
-                    }
-                    inner.persist_error = Some(error.to_string());
-                }
-            }
-        }
-        if inner.cursors_dirty && inner.persist_error.is_none() {
-            match inner.store.set_cursors(&inner.cursors) {
-                Ok(()) => inner.cursors_dirty = false,
-                Err(error) => warn!(%error, "cannot store the sinks' cursors; will retry"),
-            }
-        }
-        self.metrics.outbox_stored.set(inner.stored as i64);
-        self.metrics
-            .outbox_stored_bytes
-            .set(inner.stored_bytes as i64);
-        self.metrics.outbox_pending.set(inner.pending.len() as i64);
-        inner.pending.is_empty()
+    fn mem(&self) -> MutexGuard<'_, Mem> {
+        self.mem.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies the drop policy to the in-memory queue.
-    fn bound_pending(&self, inner: &mut Inner) {
-        while inner.pending.len() > inner.limits.pending.max(1) {
+    /// Applies the drop policy to the in-memory queue, sparing the events
+    /// a write round is writing.
+    fn bound_pending(&self, mem: &mut Mem) {
+        while mem.pending.len() > mem.limits.pending.max(1) {
             // The first (oldest) event of the lowest priority present.
-            let victim = inner
+            let Some(victim) = mem
                 .pending
                 .iter()
                 .enumerate()
+                .skip(mem.in_flight)
                 .min_by_key(|(i, e)| (e.body.kind.priority(), *i))
                 .map(|(i, _)| i)
-                .expect("a non-empty queue");
-            let event = inner.pending.remove(victim).expect("index in range");
-            self.count_dropped(inner, &[event.seq], "unpersisted_full");
+            else {
+                break;
+            };
+            let event = mem.pending.remove(victim).expect("index in range");
+            self.count_dropped(mem, &[event.seq], "unpersisted_full");
         }
-        self.metrics.outbox_pending.set(inner.pending.len() as i64);
+        self.metrics.outbox_pending.set(mem.pending.len() as i64);
     }
 
     /// Accounts for removed rows: `freed` bytes of JSON, or when not known
     /// (expiry, a rare sweep) the store is measured again.
-    fn removed(&self, inner: &mut Inner, seqs: &[u64], freed: Option<u64>, reason: &'static str) {
+    fn removed(&self, store: &Store, seqs: &[u64], freed: Option<u64>, reason: &'static str) {
         if seqs.is_empty() {
             return;
         }
-        inner.stored = inner.stored.saturating_sub(seqs.len() as u64);
-        match freed.map_or_else(|| inner.store.bytes(), Ok) {
-            Ok(bytes) if freed.is_some() => {
-                inner.stored_bytes = inner.stored_bytes.saturating_sub(bytes)
-            }
-            Ok(bytes) => inner.stored_bytes = bytes,
-            Err(error) => warn!(%error, "cannot measure the outbox"),
+        let measured = match freed {
+            Some(_) => None,
+            None => Some(store.bytes()),
+        };
+        let mut mem = self.mem();
+        mem.stored = mem.stored.saturating_sub(seqs.len() as u64);
+        match (freed, measured) {
+            (Some(bytes), _) => mem.stored_bytes = mem.stored_bytes.saturating_sub(bytes),
+            (None, Some(Ok(bytes))) => mem.stored_bytes = bytes,
+            (None, Some(Err(error))) => warn!(%error, "cannot measure the outbox"),
+            (None, None) => {}
         }
+        self.metrics.outbox_stored.set(mem.stored as i64);
         self.metrics
             .outbox_stored_bytes
-            .set(inner.stored_bytes as i64);
-        self.count_dropped(inner, seqs, reason);
+            .set(mem.stored_bytes as i64);
+        self.count_dropped(&mem, seqs, reason);
     }
 
     /// Counts the events in `seqs` that some sink (or, without sinks, a
     /// reader of `/v1/events`) had not received: those are lost (an
     /// unnumbered one always is).
-    fn count_dropped(&self, inner: &Inner, seqs: &[u64], reason: &'static str) {
-        let delivered_up_to = inner.cursors.values().copied().min().unwrap_or(0);
+    fn count_dropped(&self, mem: &Mem, seqs: &[u64], reason: &'static str) {
+        let delivered_up_to = mem.cursors.values().copied().min().unwrap_or(0);
         let lost = seqs
             .iter()
             .filter(|&&s| s == UNNUMBERED || s > delivered_up_to)
@@ -654,20 +660,53 @@ impl Outbox {
                 .inc_by(lost);
         }
     }
-
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
-fn backlog(inner: &Inner, acked: u64) -> u64 {
-    let stored = inner.store.count_after(acked).unwrap_or(0);
-    let pending = inner
+/// The next seq, or [`UNNUMBERED`] while events wait unnumbered or no
+/// reserved number is left (the writer reserves more: see writer.rs).
+fn take_seq(mem: &mut Mem) -> u64 {
+    let waiting = mem.pending.back().is_some_and(|e| e.seq == UNNUMBERED);
+    if waiting || mem.next_seq > mem.reserved {
+        return UNNUMBERED;
+    }
+    let seq = mem.next_seq;
+    mem.next_seq += 1;
+    seq
+}
+
+/// Events `sink` (acknowledged up to `acked`) has not received: counted
+/// in the database when it is free, else as last counted (or, never
+/// counted, every seq above `acked`).
+fn sink_backlog(store: Option<&Store>, mem: &mut Mem, sink: &str, acked: u64) -> u64 {
+    let pending = mem
         .pending
         .iter()
         .filter(|e| e.seq == UNNUMBERED || e.seq > acked)
         .count() as u64;
+    let stored = match store.map(|s| s.count_after(acked)) {
+        Some(Ok(n)) => {
+            mem.backlogs.insert(sink.to_string(), n);
+            n
+        }
+        _ => mem
+            .backlogs
+            .get(sink)
+            .copied()
+            .unwrap_or_else(|| (mem.next_seq - 1).saturating_sub(acked).min(mem.stored)),
+    };
     stored + pending
+}
+
+/// Runs `f`, which may wait for the disk, without holding up the async
+/// runtime's other tasks (the API's `/live` among them): on a
+/// multi-threaded runtime the worker hands its tasks on first.
+fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
 }
 
 #[cfg(test)]

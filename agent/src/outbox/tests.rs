@@ -22,8 +22,12 @@ fn limits(max_events: u64) -> Limits {
     }
 }
 
+/// Appends, then writes as the writer thread would (at once, so that
+/// what follows sees it stored).
 fn add(outbox: &Outbox, kind: EventKind) -> u64 {
-    outbox.append(EventBody::new(kind), None).seq
+    let seq = outbox.append(EventBody::new(kind), None).seq;
+    outbox.maintain();
+    seq
 }
 
 fn seqs(outbox: &Outbox) -> Vec<u64> {
@@ -196,7 +200,7 @@ fn removing_events_every_sink_acknowledged_is_not_a_loss() {
 /// its current size. Appends until one is held in memory; returns the seq
 /// of the last event that was written.
 fn fill_up(outbox: &Outbox, filler: EventKind) -> u64 {
-    outbox.lock().store.limit_pages(1);
+    outbox.store().limit_pages(1);
     for _ in 0..10_000 {
         let seq = add(outbox, filler);
         if outbox.status().pending > 0 {
@@ -226,7 +230,7 @@ fn unwritable_store_holds_events_in_memory_then_writes_them_out() {
     assert_eq!(seqs(&outbox), (1..=total).collect::<Vec<_>>());
     assert!(!outbox.maintain());
 
-    outbox.lock().store.limit_pages(u32::MAX as u64);
+    outbox.store().limit_pages(u32::MAX as u64);
     assert!(outbox.maintain());
     let status = outbox.status();
     assert_eq!((status.pending, status.stored), (0, total));
@@ -606,7 +610,7 @@ fn with_no_reservation_writable_events_wait_unnumbered_then_are_numbered_in_orde
     let (outbox, metrics) = open(dir.path(), Limits::default());
     let first = add(&outbox, EventKind::OomKill);
     // Nothing can be written, the reservation neither (a full disk).
-    outbox.lock().store.refuse_writes(true);
+    outbox.store().refuse_writes(true);
     let events: Vec<Event> = (0..2 * SEQ_BLOCK)
         .map(|_| outbox.append(EventBody::new(EventKind::OomKill), None))
         .collect();
@@ -632,7 +636,7 @@ fn with_no_reservation_writable_events_wait_unnumbered_then_are_numbered_in_orde
     assert_eq!(metrics.outbox_unpersisted.get(), 2 * SEQ_BLOCK);
 
     // The disk has room again: numbered in order, after the others, stored.
-    outbox.lock().store.refuse_writes(false);
+    outbox.store().refuse_writes(false);
     assert!(outbox.maintain());
     let all = outbox.read(0, 10_000);
     let ids: Vec<&str> = all.iter().skip(1).map(|e| e.id.as_str()).collect();
@@ -656,7 +660,7 @@ fn a_crash_while_no_reservation_is_writable_never_reuses_a_seq() {
     let highest = {
         let (outbox, _) = open(dir.path(), Limits::default());
         add(&outbox, EventKind::OomKill);
-        outbox.lock().store.refuse_writes(true);
+        outbox.store().refuse_writes(true);
         let held = handed_out(&outbox, 2 * SEQ_BLOCK as usize);
         held.into_iter().max().unwrap()
     };
@@ -812,7 +816,69 @@ fn a_week_of_heartbeats_stays_within_the_byte_budget_and_keeps_every_kill() {
     );
     assert_eq!(
         metrics.outbox_stored_bytes.get() as u64,
-        outbox.lock().store.bytes().unwrap(),
+        outbox.store().bytes().unwrap(),
         "the figure kept is the store's"
     );
+}
+
+/// A write that blocks (here: the database held, as a frozen disk holds a
+/// commit) holds up the writer only: appends, status and the backlog
+/// answer at once, and everything appended meanwhile is written after.
+#[test]
+fn a_blocked_database_holds_up_no_append_and_no_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, _) = open(dir.path(), Limits::default());
+    outbox.register_sink("webhook");
+    add(&outbox, EventKind::OomKill);
+    let held = outbox.store();
+    let (done, answered) = std::sync::mpsc::channel();
+    let other = outbox.clone();
+    std::thread::spawn(move || {
+        for _ in 0..100 {
+            other.append(EventBody::new(EventKind::OomKill), None);
+        }
+        let status = other.status();
+        let backlog = other.backlog("webhook");
+        done.send((status, backlog)).unwrap();
+    });
+    let (status, backlog) = answered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("appends and status answered while the database is held");
+    assert_eq!(status.last_seq, 101);
+    assert_eq!(status.pending, 100);
+    assert_eq!(
+        status.sinks["webhook"].backlog, 101,
+        "as last counted, plus the queue"
+    );
+    assert_eq!(backlog, 101);
+    drop(held);
+    assert!(outbox.maintain());
+    let status = outbox.status();
+    assert_eq!((status.stored, status.pending), (101, 0));
+    assert_eq!(seqs(&outbox), (1..=101).collect::<Vec<_>>());
+}
+
+/// The writer thread writes by itself, many events to a round, and wakes
+/// the readers: no `maintain` here.
+#[test]
+fn the_writer_thread_stores_a_burst_and_wakes_the_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, _) = open(dir.path(), Limits::default());
+    let mut newest = outbox.subscribe();
+    for _ in 0..5000 {
+        outbox.append(EventBody::new(EventKind::TaskStarted), None);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while outbox.status().stored < 5000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            outbox.status()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(*newest.borrow_and_update(), 5000);
+    drop(outbox);
+    let (reopened, _) = open(dir.path(), Limits::default());
+    assert_eq!(reopened.status().stored, 5000, "durable");
 }
