@@ -78,8 +78,13 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
         job["NodeList"]
     );
 
-    let agent =
-        Agent::start_with_config(&sink_config(&cluster, "requeue = \"other_node\"\n")).await;
+    // The agent's host is n1 (both slurmd run on this machine: `nodes` says
+    // which one answers `scontrol pidinfo`, as one slurmd per host would).
+    let agent = Agent::start_with_config(&sink_config(
+        &cluster,
+        "requeue = \"other_node\"\nnodes = { host = \"n1\" }\n",
+    ))
+    .await;
     // n1 is the small node: the job's task gets 64 MiB there and needs 100.
     let script = cluster.dir.path().join("job.sh");
     fs::write(
@@ -87,9 +92,9 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
         format!(
             "#!/bin/sh\necho \"node $SLURMD_NODENAME job $SLURM_JOB_ID\"\n\
              if [ \"$SLURMD_NODENAME\" = n1 ]; then cap=64M; else cap=512M; fi\n\
-             exec {} exec --agent {} --hard-cap $cap -- {} 100 1\n",
+             exec {} exec --socket {} --hard-cap $cap -- {} 100 1\n",
             workspace_bin("memwatch").display(),
-            agent.base_url,
+            agent.socket().display(),
             workspace_bin("memhog").display()
         ),
     )
@@ -107,6 +112,12 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
         })
         .await;
     let seen = Instant::now();
+    // The requeue's proof: Slurm placed exec (the socket's peer) in the job.
+    let log = agent.log_text();
+    assert!(
+        log.contains(&format!("job={id}")) && log.contains("belongs to this job"),
+        "Slurm asked which job exec's process is in: {log}"
+    );
     let took = wait_until_every(
         "the requeued job completes",
         Duration::from_secs(60),

@@ -28,6 +28,7 @@ use crate::{
         status::{SocketStatus, StatusFn},
     },
     outbox::Outbox,
+    sinks::slurm::JobProofs,
     telemetry::liveness::Liveness,
     watchdog::self_health::ProbeState,
 };
@@ -47,6 +48,9 @@ pub(crate) struct AppState {
     pub status: StatusFn,
     /// Whether the agent's loops make progress (`/live`).
     pub liveness: Liveness,
+    /// Asks Slurm which job a task's registering process is in (only with
+    /// a Slurm sink that requeues).
+    pub job_proofs: Option<JobProofs>,
 }
 
 impl AppState {

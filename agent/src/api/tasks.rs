@@ -9,7 +9,10 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, AppState, auth::Caller};
+use super::{
+    ApiError, AppState,
+    auth::{Caller, Peer},
+};
 use crate::{
     model::spec::{MemorySource, TaskOutcome, TaskRequest},
     watchdog::{
@@ -45,15 +48,29 @@ pub(crate) struct TaskAnswer {
 }
 
 /// The caller becomes the task's owner: only it (or an admin) may end it.
+/// With a Slurm sink that requeues, the caller's pid (known on the local
+/// socket only) is placed in its Slurm job by Slurm itself, the proof a
+/// requeue needs (sinks/slurm/jobs.rs).
 pub(crate) async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    peer: Option<Extension<Peer>>,
     body: Result<Json<NewTask>, JsonRejection>,
 ) -> Result<(StatusCode, Json<TaskAnswer>), ApiError> {
     let Json(task) = body.map_err(json_error)?;
     let request = validate(task, &state.monitor.cgroup_root(), caller.principal)?;
     let task_id = request.task_id.clone();
     let registration = state.monitor.register(request).map_err(watchdog_error)?;
+    // Before the answer: `memwatch exec` starts its workload only then.
+    if let Some(proofs) = &state.job_proofs {
+        let pid = match peer {
+            Some(Extension(Peer::Unix { pid, .. })) => pid,
+            _ => None,
+        };
+        proofs
+            .check(&task_id, Some(&registration.worker), pid)
+            .await;
+    }
     let (code, verdict, reason) = match registration.admission {
         Admission::Accepted => (StatusCode::CREATED, "accepted", None),
         Admission::Flagged { reason } => (StatusCode::CREATED, "flagged", Some(reason)),

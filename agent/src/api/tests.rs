@@ -67,6 +67,7 @@ pub(crate) fn state_with_tokens(reader: FakeReader, tokens: auth::Tokens) -> App
         monitor,
         tokens,
         socket: None,
+        job_proofs: None,
     }
 }
 

@@ -73,6 +73,7 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
         socket: socket_status,
         status: daemon.status().clone(),
         liveness: daemon.liveness().clone(),
+        job_proofs: daemon.job_proofs().cloned(),
     };
     let router = api::router(app);
     let (stop_server, server_stopped) = watch::channel(false);

@@ -48,7 +48,10 @@ use crate::{
     outbox::{self, Outbox},
     probe::{counters::CounterPublisher, ebpf::ProbeError, privilege},
     record::Recorder,
-    sinks::{self, ActionGate, SinkContext, WorkerHealth, dask::names::SchedulerNames},
+    sinks::{
+        self, ActionGate, SinkConfig, SinkContext, WorkerHealth, dask::names::SchedulerNames,
+        slurm::JobProofs,
+    },
     telemetry::{
         Metrics,
         liveness::{Beat, IDLE_BEAT, Liveness},
@@ -94,6 +97,8 @@ pub(crate) struct Daemon {
     live_kills: LiveKills,
     /// Whether each loop makes progress.
     liveness: Liveness,
+    /// Which Slurm job each task's process is in (a requeueing Slurm sink).
+    job_proofs: Option<JobProofs>,
 }
 
 impl Daemon {
@@ -148,6 +153,13 @@ impl Daemon {
         let names = SchedulerNames::default();
         let workers = all_workers(&config);
         let gate = action_gate(&outbox, &workers);
+        let job_proofs = JobProofs::for_sinks(
+            config.sinks.iter().filter_map(|s| match s {
+                SinkConfig::Slurm(slurm) => Some(slurm),
+                _ => None,
+            }),
+            &config.node_name,
+        );
         let sink_context = SinkContext {
             outbox,
             recorder: recorder.clone(),
@@ -160,6 +172,7 @@ impl Daemon {
             health: worker_health(&monitor),
             gate,
             liveness: liveness.clone(),
+            job_proofs: job_proofs.clone(),
         };
         let tasks = sinks::start_all(&config.sinks, &sink_context)?;
         Ok(Self {
@@ -178,6 +191,7 @@ impl Daemon {
             oom: None,
             live_kills: LiveKills::default(),
             liveness,
+            job_proofs,
         })
     }
 
@@ -207,6 +221,10 @@ impl Daemon {
 
     pub(crate) fn liveness(&self) -> &Liveness {
         &self.liveness
+    }
+
+    pub(crate) fn job_proofs(&self) -> Option<&JobProofs> {
+        self.job_proofs.as_ref()
     }
 
     pub(crate) fn status(&self) -> &StatusFn {

@@ -144,6 +144,9 @@ pub struct SinkContext {
     pub(crate) gate: ActionGate,
     /// Where the sinks' loops say they make progress.
     pub(crate) liveness: Liveness,
+    /// Which Slurm job each task's process is in, as Slurm says it (filled
+    /// at registration by the API; read by the Slurm sink's requeues).
+    pub(crate) job_proofs: Option<slurm::JobProofs>,
 }
 
 impl SinkContext {

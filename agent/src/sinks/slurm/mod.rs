@@ -24,6 +24,7 @@
 
 mod config;
 mod drain;
+mod jobs;
 mod nodes;
 mod requeue;
 pub(crate) mod scontrol;
@@ -41,7 +42,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub(crate) use self::config::{RequeuePolicy, SlurmConfig};
-pub(crate) use self::requeue::job_id;
+pub(crate) use self::{jobs::JobProofs, requeue::job_id};
 use self::{nodes::Node, scontrol::ScontrolError};
 use crate::{
     model::event::{Event, EventKind},
@@ -104,6 +105,7 @@ impl Start for SlurmConfig {
         })?;
         let mut sink = sink;
         sink.gate = ctx.gate.clone();
+        sink.proofs = ctx.job_proofs.clone();
         sink.align(ctx.outbox.status().last_seq, ctx.outbox.epoch());
         Ok(vec![ctx.spawn_delivery(sink)])
     }
@@ -129,6 +131,8 @@ pub(crate) struct SlurmSink {
     blocked: BTreeSet<String>,
     /// How long after a drain the view is read again ([`GUARD_SETTLE`]).
     settle: Duration,
+    /// Which job Slurm placed each task's process in (jobs.rs).
+    proofs: Option<JobProofs>,
 }
 
 impl SlurmSink {
@@ -187,6 +191,7 @@ impl SlurmSink {
             pending: BTreeSet::new(),
             blocked: BTreeSet::new(),
             settle: GUARD_SETTLE,
+            proofs: None,
         })
     }
 
@@ -254,14 +259,21 @@ impl SlurmSink {
             }
             (EventKind::Heartbeat, _) if self.config.drain => self.retry_pending(event).await,
             (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
-                let Some(job) = job_id(event) else {
+                let Some((job, proven)) = job_id(event, self.proofs.as_ref()) else {
                     return Ok(());
                 };
                 // Found in the kernel's counters after the fact, the job may
                 // have ended long ago or be running again; after a state
-                // loss, verdicts wait one window.
+                // loss, verdicts wait one window; a task id is only a name.
                 let held = if event.body.recovered == Some(true) {
                     Some("its OOM kill was recovered after the fact, not seen live".to_string())
+                } else if !proven {
+                    Some(
+                        "Slurm never said the task's process belongs to that job (the task id \
+                         is only a name: register it over the local socket, as `memwatch exec` \
+                         does, so that the agent can ask `scontrol pidinfo`)"
+                            .to_string(),
+                    )
                 } else {
                     self.gate.holds()
                 };

@@ -2,6 +2,7 @@
 
 use tracing::{info, warn};
 
+use super::jobs::JobProofs;
 use super::{
     PENDING_POLL, RequeuePolicy, SlurmSink,
     scontrol::{self, ScontrolError},
@@ -80,17 +81,24 @@ impl SlurmSink {
     }
 }
 
-/// The Slurm job of an `oom_kill` event: a `job_<N>` cgroup component, or
-/// a `slurm-<N>-…` task id (`memwatch exec` inside a job).
-pub(crate) fn job_id(event: &Event) -> Option<u64> {
+/// The Slurm job of an `oom_kill` event, and whether Slurm vouches for it:
+/// a `job_<N>` cgroup component (made by Slurm's cgroup plugins) or the
+/// job Slurm placed the task's registering process in (jobs.rs) are
+/// proof; a `slurm-<N>-…` task id alone is only a name: `(N, false)`.
+pub(crate) fn job_id(event: &Event, proofs: Option<&JobProofs>) -> Option<(u64, bool)> {
     let from_cgroup = event.body.cgroup.as_deref().and_then(|path| {
         path.split('/')
             .rev()
             .find_map(|part| part.strip_prefix("job_")?.parse().ok())
     });
-    let from_task = || {
-        let rest = event.body.task_id.as_deref()?.strip_prefix("slurm-")?;
+    let task_id = event.body.task_id.as_deref();
+    let proven = || proofs?.job_of_task(task_id?);
+    let named = || {
+        let rest = task_id?.strip_prefix("slurm-")?;
         rest.split('-').next()?.parse().ok()
     };
-    from_cgroup.or_else(from_task)
+    from_cgroup
+        .or_else(proven)
+        .map(|job| (job, true))
+        .or_else(|| named().map(|job| (job, false)))
 }

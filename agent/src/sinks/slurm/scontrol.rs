@@ -59,9 +59,20 @@ pub(crate) async fn run(
     args: &[String],
     timeout: Duration,
 ) -> Result<String, ScontrolError> {
+    run_with_env(program, args, &[], timeout).await
+}
+
+/// [`run`] with more environment variables.
+pub(crate) async fn run_with_env(
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<String, ScontrolError> {
     let shown = args.join(" ");
     let child = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -20,9 +20,12 @@ fn held(sink: &SlurmSink) -> Vec<Event> {
 }
 
 /// A fake `scontrol` that logs its arguments and keeps node drains as files.
+/// The pid the fake `scontrol pidinfo` places in job 42.
+const PID_IN_JOB_42: i32 = 4242;
+
 const FAKE: &str = r#"#!/bin/sh
 dir=$(dirname "$0")
-echo "$*" >> "$dir/calls"
+case "$1" in pidinfo) ;; *) echo "$*" >> "$dir/calls";; esac
 case "$1 $2" in
 "show node")
     # `show node -o`: every node, its partition from the file `partition-<node>` (main by default).
@@ -37,6 +40,8 @@ case "$1 $2" in
     if [ -f "$dir/requeued-$3" ]; then echo "JobId=$3 JobState=PENDING BatchHost=n1"
     else echo "JobId=$3 JobState=RUNNING BatchHost=n1 NodeList=n1"; fi; exit 0;;
 "requeue "*) touch "$dir/requeued-$2"; exit 0;;
+"pidinfo 4242") echo "Slurm JobId=42 ends at Unknown"; exit 0;;
+"pidinfo "*) echo "slurm_pid2jobid: Process not managed by Slurm" >&2; exit 1;;
 esac
 # A node the controller has not heard from since it restarted.
 case "$*" in *State=RESUME*)
@@ -94,7 +99,29 @@ impl Fixture {
 
     /// `health`: each worker's health now, as the watchdog says it.
     fn sink_seeing(&self, guard: Guard, health: WorkerHealth) -> SlurmSink {
-        let config = SlurmConfig {
+        let config = self.config(guard);
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let recorder = Recorder::new(Outbox::new("h", 100, metrics.clone()), metrics);
+        let mut sink = SlurmSink::open(
+            config,
+            "host-node".into(),
+            self.dir.path(),
+            recorder,
+            health,
+        )
+        .unwrap();
+        sink.settle = Duration::from_millis(1);
+        sink
+    }
+
+    /// Job proofs asked of the fake `scontrol`, which places pid
+    /// [`PID_IN_JOB_42`] in job 42 (its `pidinfo` calls are not logged).
+    fn proofs(&self) -> JobProofs {
+        JobProofs::for_sinks([&self.config(Guard::default())], "host-node").unwrap()
+    }
+
+    fn config(&self, guard: Guard) -> SlurmConfig {
+        SlurmConfig {
             name: "slurm-1".into(),
             scontrol: self.dir.path().join("scontrol"),
             nodes: [("w1", "n1"), ("w2", "n2"), ("w3", "n3")]
@@ -109,19 +136,7 @@ impl Fixture {
                 timeout: Duration::from_secs(5),
                 ..Delivery::default()
             },
-        };
-        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-        let recorder = Recorder::new(Outbox::new("h", 100, metrics.clone()), metrics);
-        let mut sink = SlurmSink::open(
-            config,
-            "host-node".into(),
-            self.dir.path(),
-            recorder,
-            health,
-        )
-        .unwrap();
-        sink.settle = Duration::from_millis(1);
-        sink
+        }
     }
 
     fn heartbeat(&mut self, unhealthy: &[&str]) -> Event {
@@ -209,6 +224,15 @@ async fn drains_and_resumes_only_nodes_it_drained_across_restarts() {
 async fn an_oom_killed_job_is_requeued_elsewhere_at_once_up_to_the_limit() {
     let mut fx = Fixture::new();
     let mut sink = fx.sink();
+    let proofs = fx.proofs();
+    proofs
+        .check(
+            "slurm-42-977-1700000000000",
+            Some("w1"),
+            Some(PID_IN_JOB_42),
+        )
+        .await;
+    sink.proofs = Some(proofs);
     let kill = |fx: &mut Fixture| {
         fx.event(EventKind::OomKill, "w1", |b| {
             b.task_id = Some("slurm-42-977-1700000000000".into());
@@ -231,21 +255,58 @@ async fn an_oom_killed_job_is_requeued_elsewhere_at_once_up_to_the_limit() {
     );
 }
 
-#[test]
-fn job_ids_come_from_cgroups_or_exec_task_ids() {
+#[tokio::test]
+async fn job_ids_come_from_cgroups_or_slurms_word_and_a_task_id_is_only_a_name() {
     let mut fx = Fixture::new();
     let e = fx.event(EventKind::OomKill, "w", |b| {
         b.cgroup = Some("/sys/fs/cgroup/memory/slurm/uid_0/job_17/step_batch".into());
     });
-    assert_eq!(job_id(&e), Some(17));
+    assert_eq!(job_id(&e, None), Some((17, true)));
     let e = fx.event(EventKind::OomKill, "w", |b| {
         b.task_id = Some("slurm-9-1-2".into())
     });
-    assert_eq!(job_id(&e), Some(9));
+    assert_eq!(job_id(&e, None), Some((9, false)), "named, not proven");
+    let proofs = fx.proofs();
+    proofs
+        .check("slurm-9-1-2", Some("w1"), Some(PID_IN_JOB_42))
+        .await;
+    assert_eq!(
+        job_id(&e, Some(&proofs)),
+        Some((42, true)),
+        "the job Slurm placed the process in, whatever the name says"
+    );
     let e = fx.event(EventKind::OomKill, "w", |b| {
         b.task_id = Some("exec-9-1".into())
     });
-    assert_eq!(job_id(&e), None);
+    assert_eq!(job_id(&e, Some(&proofs)), None);
+}
+
+/// A kill in a cgroup that is not a job's, of a task whose id says
+/// `slurm-42-…` but whose process Slurm never placed in job 42 (registered
+/// over HTTP, or by a process outside the job): nothing is asked of
+/// Slurm, and the skip is said.
+#[tokio::test]
+async fn a_kill_of_a_task_only_named_after_a_job_requeues_nothing() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    sink.proofs = Some(fx.proofs());
+    let named = fx.event(EventKind::OomKill, "w1", |b| {
+        b.task_id = Some("slurm-42-977-1700000000000".into());
+        b.cgroup = Some("/sys/fs/cgroup/memory/memwatch/w1/exec-1".into());
+    });
+    sink.send(&[named]).await.unwrap();
+    assert!(fx.calls().is_empty(), "{:?}", fx.calls());
+    let skipped = of_kind(&sink, EventKind::ActionSkipped);
+    assert_eq!(skipped.len(), 1);
+    assert!(
+        skipped[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("Slurm never said"),
+        "{skipped:?}"
+    );
 }
 
 #[tokio::test]

@@ -1,0 +1,178 @@
+//! Which Slurm job a task belongs to, as Slurm itself says it: the proof
+//! a requeue needs. A task id such as `slurm-<N>-0` is only a name, which
+//! any API caller (or a spoofed `SLURM_JOB_ID`) sets; a process's job is
+//! what `scontrol pidinfo <pid>` answers, asked of this node's slurmd.
+//!
+//! When a task is registered over the local socket, the agent knows the
+//! caller's pid from the kernel (SO_PEERCRED): `memwatch exec` inside a
+//! job step is a process of that job. [`JobProofs::check`] asks Slurm then
+//! and keeps the answer by task id; the Slurm sink requeues a job from a
+//! task's OOM kill only when the answer named that job. A registration
+//! without a pid (HTTP) or one Slurm does not place in a job leaves the
+//! task without proof (and overwrites any proof an earlier task of the
+//! same id had). Proofs live in memory: a task taken back after a restart
+//! has none, so its kill requeues nothing (the conservative side).
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tracing::{debug, info};
+
+use super::{RequeuePolicy, SlurmConfig, scontrol};
+
+/// Proofs kept at most (the oldest go first).
+const MAX_PROOFS: usize = 4096;
+
+/// Asks Slurm which job a registering process belongs to, and keeps the
+/// answers for the Slurm sink. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct JobProofs {
+    scontrol: PathBuf,
+    /// Worker → Slurm node (the sink's `nodes`), for `SLURMD_NODENAME`
+    /// (which slurmd answers, where one host runs several).
+    nodes: BTreeMap<String, String>,
+    default_node: String,
+    timeout: Duration,
+    proven: Arc<Mutex<Proven>>,
+}
+
+#[derive(Default)]
+struct Proven {
+    by_task: BTreeMap<String, u64>,
+    /// Task ids in the order their proofs came, to bound the map.
+    order: VecDeque<String>,
+}
+
+impl JobProofs {
+    /// For the first Slurm sink that requeues; `None` when none does.
+    pub(crate) fn for_sinks<'a>(
+        sinks: impl IntoIterator<Item = &'a SlurmConfig>,
+        node_name: &str,
+    ) -> Option<Self> {
+        let config = sinks
+            .into_iter()
+            .find(|s| s.requeue != RequeuePolicy::Never)?;
+        Some(Self {
+            scontrol: config.scontrol.clone(),
+            nodes: config.nodes.clone(),
+            default_node: node_name.to_string(),
+            timeout: config.delivery.timeout,
+            proven: Arc::default(),
+        })
+    }
+
+    /// Asks Slurm (bounded by the sink's timeout) which job process `pid`
+    /// of `worker`'s node belongs to, and keeps the answer as `task_id`'s
+    /// proof; without `pid`, forgets any proof `task_id` had.
+    pub(crate) async fn check(&self, task_id: &str, worker: Option<&str>, pid: Option<i32>) {
+        let job = match pid {
+            Some(pid) => self.job_of(pid, worker).await,
+            None => None,
+        };
+        let mut proven = self.proven.lock().unwrap_or_else(|e| e.into_inner());
+        match job {
+            Some(job) => {
+                info!(
+                    task_id,
+                    pid, job, "Slurm says the task's process belongs to this job"
+                );
+                if proven.by_task.insert(task_id.to_string(), job).is_none() {
+                    proven.order.push_back(task_id.to_string());
+                }
+                while proven.order.len() > MAX_PROOFS {
+                    if let Some(old) = proven.order.pop_front() {
+                        proven.by_task.remove(&old);
+                    }
+                }
+            }
+            None => {
+                if proven.by_task.remove(task_id).is_some() {
+                    proven.order.retain(|t| t != task_id);
+                }
+            }
+        }
+    }
+
+    /// The job Slurm placed `task_id`'s registering process in, if it did.
+    pub(crate) fn job_of_task(&self, task_id: &str) -> Option<u64> {
+        let proven = self.proven.lock().unwrap_or_else(|e| e.into_inner());
+        proven.by_task.get(task_id).copied()
+    }
+
+    async fn job_of(&self, pid: i32, worker: Option<&str>) -> Option<u64> {
+        // Only a worker mapped to a node names one; else the host's own
+        // slurmd answers, as scontrol finds it.
+        let node = worker.and_then(|w| self.nodes.get(w));
+        let args = ["pidinfo".to_string(), pid.to_string()];
+        let env: Vec<(&str, &str)> = node
+            .map(|n| ("SLURMD_NODENAME", n.as_str()))
+            .into_iter()
+            .collect();
+        let node = node.unwrap_or(&self.default_node);
+        match scontrol::run_with_env(&self.scontrol, &args, &env, self.timeout).await {
+            Ok(out) => job_in(&out),
+            Err(error) => {
+                // Not a process of any job (or no slurmd here): no proof.
+                debug!(pid, %node, %error, "scontrol pidinfo: no job");
+                None
+            }
+        }
+    }
+}
+
+/// The job id of `scontrol pidinfo`'s answer (`Slurm JobId=12 ends at …`).
+fn job_in(out: &str) -> Option<u64> {
+    out.split_whitespace()
+        .find_map(|word| word.strip_prefix("JobId=")?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_is_read_from_pidinfo() {
+        assert_eq!(
+            job_in(
+                "Slurm JobId=12 ends at Tue Dec 01 13:00:00 2026\nJob remaining time is 3540 seconds\n"
+            ),
+            Some(12)
+        );
+        assert_eq!(job_in("Failed to locate job for requested pid\n"), None);
+    }
+
+    #[tokio::test]
+    async fn a_proof_comes_from_slurm_and_a_registration_without_one_erases_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // A stand-in scontrol that places pid 4242 (on node n2) in job 7.
+        let fake = dir.path().join("scontrol");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\n[ \"$1 $2 $SLURMD_NODENAME\" = 'pidinfo 4242 n2' ] && \
+             echo 'Slurm JobId=7 ends at Unknown' && exit 0\n\
+             echo 'slurm_pid2jobid: Process not managed by Slurm' >&2; exit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let proofs = JobProofs {
+            scontrol: fake,
+            nodes: [("w2".to_string(), "n2".to_string())].into(),
+            default_node: "n1".into(),
+            timeout: Duration::from_secs(10),
+            proven: Arc::default(),
+        };
+        proofs.check("slurm-7-0", Some("w2"), Some(4242)).await;
+        assert_eq!(proofs.job_of_task("slurm-7-0"), Some(7));
+        // The same pid asked of another node's slurmd: no proof.
+        proofs.check("slurm-7-1", Some("w1"), Some(4242)).await;
+        assert_eq!(proofs.job_of_task("slurm-7-1"), None);
+        // Re-registered under the same id without a pid (HTTP): erased.
+        proofs.check("slurm-7-0", Some("w2"), None).await;
+        assert_eq!(proofs.job_of_task("slurm-7-0"), None);
+    }
+}
