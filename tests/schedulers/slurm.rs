@@ -1,7 +1,8 @@
 //! memwatch with a real one-host Slurm cluster (slurmctld + slurmd n1, n2):
-//! a job OOM-killed on n1 is requeued and completes on n2 at once; a node
-//! whose worker is unhealthy is drained with memwatch's reason and resumed
-//! after recovery. Root only; never skipped in CI.
+//! a job OOM-killed on n1 is requeued and completes on n2 at once, and a
+//! task only named after a running job requeues nothing; a node whose
+//! worker is unhealthy is drained with memwatch's reason and resumed after
+//! recovery. Root only; never skipped in CI.
 
 use std::{
     fs,
@@ -34,6 +35,17 @@ fn sink_config(cluster: &SlurmCluster, extra: &str) -> String {
         "[[slurm]]\nscontrol = \"{}\"\nretry_initial = \"200ms\"\nretry_max = \"2s\"\n{extra}",
         cluster.scontrol_wrapper().display()
     )
+}
+
+/// An agent whose Slurm sink requeues onto another node. Its host is n1
+/// (both slurmd run on this machine: `nodes` says which one answers
+/// `scontrol pidinfo`, as the one slurmd of a host would).
+async fn requeueing_agent(cluster: &SlurmCluster) -> Agent {
+    Agent::start_with_config(&sink_config(
+        cluster,
+        "requeue = \"other_node\"\nnodes = { host = \"n1\" }\n",
+    ))
+    .await
 }
 
 /// How often a wait looks: each look runs a Slurm command.
@@ -78,13 +90,7 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
         job["NodeList"]
     );
 
-    // The agent's host is n1 (both slurmd run on this machine: `nodes` says
-    // which one answers `scontrol pidinfo`, as one slurmd per host would).
-    let agent = Agent::start_with_config(&sink_config(
-        &cluster,
-        "requeue = \"other_node\"\nnodes = { host = \"n1\" }\n",
-    ))
-    .await;
+    let agent = requeueing_agent(&cluster).await;
     // n1 is the small node: the job's task gets 64 MiB there and needs 100.
     let script = cluster.dir.path().join("job.sh");
     fs::write(
@@ -152,6 +158,88 @@ async fn slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node() {
         metrics.contains("memwatch_scheduler_actions_total{action=\"requeue\",sink=\"slurm-1\"} 1"),
         "{metrics}"
     );
+}
+
+/// A process outside a running job claims it: `memwatch exec` with a
+/// spoofed `SLURM_JOB_ID` (so its task is named `slurm-<J>-…`), over the
+/// local socket, OOM-killed. Slurm never placed that process in job J
+/// (`scontrol pidinfo` says so), so J is not requeued: it keeps running,
+/// never restarted, and the skip is said in an `action_skipped` event.
+#[tokio::test]
+async fn slurm_a_task_only_named_after_a_running_job_requeues_nothing() {
+    const TEST: &str = "slurm_a_task_only_named_after_a_running_job_requeues_nothing";
+    if !setup(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster = SlurmCluster::start();
+    let agent = requeueing_agent(&cluster).await;
+    let script = cluster.dir.path().join("sleeper.sh");
+    fs::write(
+        &script,
+        "#!/bin/sh
+#SBATCH --requeue
+sleep 120
+",
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let job = cluster.sbatch(&script);
+    wait_until_every("the job runs", Duration::from_secs(30), SLURM_POLL, || {
+        cluster.job(job)["JobState"] == "RUNNING"
+    });
+
+    let out = std::process::Command::new(workspace_bin("memwatch"))
+        .args(["exec", "--socket"])
+        .arg(agent.socket())
+        .args(["--hard-cap", "64M", "--"])
+        .arg(workspace_bin("memhog"))
+        .args(["100", "1"])
+        .env("SLURM_JOB_ID", job.to_string())
+        .env_remove("MEMWATCH_TOKEN")
+        .env_remove("MEMWATCH_AGENT")
+        .output()
+        .expect("run memwatch exec");
+    assert_ne!(out.status.code(), Some(0), "the hog was OOM-killed");
+    let prefix = format!("slurm-{job}-");
+    agent
+        .wait_for_event(Duration::from_secs(30), "oom_kill of the named task", |e| {
+            e.body.kind == EventKind::OomKill
+                && e.body
+                    .task_id
+                    .as_deref()
+                    .is_some_and(|t| t.starts_with(&prefix))
+        })
+        .await;
+    let skipped = agent
+        .wait_for_event(Duration::from_secs(30), "the requeue skipped", |e| {
+            e.body.kind == EventKind::ActionSkipped
+                && e.body
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with(&format!("job {job} not requeued")))
+        })
+        .await;
+    let reason = skipped.body.reason.unwrap_or_default();
+    assert!(reason.contains("Slurm never said"), "{reason}");
+    // Time for a wrong requeue to have shown, had one been made.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = cluster.job(job);
+    assert_eq!(
+        (now["JobState"].as_str(), now["Restarts"].as_str()),
+        ("RUNNING", "0"),
+        "{now:?}\n{}",
+        agent.log_text()
+    );
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        !metrics.contains("action=\"requeue\""),
+        "no requeue counted: {metrics}"
+    );
+    println!(
+        "a spoofed slurm-{job} task OOM-killed: job {job} still RUNNING, 0 restarts; {reason}"
+    );
+    cluster.run("scancel", &[&job.to_string()]);
 }
 
 #[tokio::test]
