@@ -9,13 +9,16 @@ pub(crate) mod socket;
 mod status;
 pub(crate) mod tasks;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::{
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
 
 use axum::{
     Json, Router,
-    extract::DefaultBodyLimit,
-    http::StatusCode,
-    middleware,
+    extract::{DefaultBodyLimit, Request, State},
+    http::{HeaderValue, StatusCode},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
 };
@@ -78,9 +81,16 @@ pub(crate) fn router(state: AppState) -> Router {
     let read = Router::new()
         .route("/v1/status", get(status::status))
         .route("/v1/events", get(events::list));
+    // Writes answer once their events are stored (see `stored_first`).
+    let stored_first = |routes: Router<AppState>| {
+        routes.route_layer(middleware::from_fn_with_state(
+            state.outbox.clone(),
+            stored_first,
+        ))
+    };
     Router::new()
-        .merge(guarded(Scope::Admin, admin))
-        .merge(guarded(Scope::Task, task))
+        .merge(guarded(Scope::Admin, stored_first(admin)))
+        .merge(guarded(Scope::Task, stored_first(task)))
         .merge(guarded(Scope::Read, read))
         .layer(DefaultBodyLimit::max(tasks::MAX_BODY_BYTES))
         .route("/health", get(health::health))
@@ -89,6 +99,25 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .fallback(not_found)
         .with_state(state)
+}
+
+/// How long a write's answer waits for its events to be stored.
+pub(crate) const STORE_WAIT: Duration = Duration::from_secs(2);
+
+/// Runs a write (a task started or ended, a worker reset) and answers only
+/// once the events it made are in the state directory, synced: the
+/// outbox's group commit, shared by every request waiting. So a 2xx is
+/// never lost to a crash. While the state directory cannot be written
+/// (`/health` degraded), or past [`STORE_WAIT`], the answer goes out with
+/// the events held in memory, and `memwatch-stored: false` says so.
+async fn stored_first(State(outbox): State<Outbox>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if !outbox.stored(STORE_WAIT).await {
+        response
+            .headers_mut()
+            .insert("memwatch-stored", HeaderValue::from_static("false"));
+    }
+    response
 }
 
 /// A JSON error body: `{"error": "..."}`.

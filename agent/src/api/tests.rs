@@ -504,3 +504,45 @@ async fn live_fails_naming_a_loop_that_stopped_making_progress() {
     let (code, _) = get(&state, "/live").await;
     assert_eq!(code, StatusCode::OK, "progress again");
 }
+
+/// A write answers once its events are stored; while the state directory
+/// cannot be written it still answers (events held in memory) and says so
+/// with `memwatch-stored: false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_says_when_its_events_could_not_be_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut state = state_with(reader(50 * MIB), None);
+    let metrics = Metrics::new(&Registry::new()).unwrap();
+    let outbox = Outbox::open(dir.path(), "test-host", Default::default(), metrics).unwrap();
+    state.outbox = outbox.clone();
+    let post = |task: &str| {
+        Request::post("/v1/tasks")
+            .header("content-type", JSON)
+            .body(Body::from(format!(r#"{{"task_id":"{task}"}}"#)))
+            .unwrap()
+    };
+    let response = router(state.clone()).oneshot(post("t1")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(response.headers().get("memwatch-stored"), None);
+    assert_eq!(outbox.status().pending, 0, "stored before the answer");
+
+    // A real SQLITE_FULL: the database capped at its size, then filled.
+    outbox.store().limit_pages(1);
+    for _ in 0..10_000 {
+        outbox.append(EventBody::new(EventKind::Heartbeat), None);
+        outbox.maintain();
+        if outbox.status().persist_error.is_some() {
+            break;
+        }
+    }
+    assert!(outbox.status().persist_error.is_some(), "the store is full");
+    let response = router(state.clone()).oneshot(post("t2")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        response
+            .headers()
+            .get("memwatch-stored")
+            .map(|v| v.as_bytes()),
+        Some(&b"false"[..])
+    );
+}

@@ -50,7 +50,10 @@ pub(crate) mod store;
 mod writer;
 
 pub(crate) use self::store::Quarantined;
-use self::store::{Store, StoreError};
+use self::{
+    store::{Store, StoreError},
+    writer::unnumbered,
+};
 use crate::{
     model::{
         event::{Event, EventBody, EventKind},
@@ -411,6 +414,39 @@ impl Outbox {
         events
     }
 
+    /// Waits (at most `bound`) until every event numbered so far is stored
+    /// and synced: the writer's group commit, one fsync for every caller
+    /// waiting. True when so; false at once while the state directory
+    /// cannot be written (events then wait in memory, `/health` says
+    /// degraded), or when `bound` passes first. A write is acknowledged
+    /// (the API's 2xx) only after this, so a crash never loses what an
+    /// answer confirmed.
+    pub async fn stored(&self, bound: Duration) -> bool {
+        let target = {
+            let mem = self.core.mem();
+            if mem.persist_error.is_some() || unnumbered(&mem) > 0 {
+                return false;
+            }
+            mem.next_seq - 1
+        };
+        let mut newest = self.core.newest.subscribe();
+        let wait = async {
+            loop {
+                if *newest.borrow_and_update() >= target {
+                    return true;
+                }
+                if self.core.mem().persist_error.is_some() {
+                    return false;
+                }
+                self.writer.wake();
+                if newest.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(bound, wait).await.unwrap_or(false)
+    }
+
     /// Watches the newest seq.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.core.newest.subscribe()
@@ -574,7 +610,7 @@ impl Outbox {
     }
 
     #[cfg(test)]
-    fn store(&self) -> MutexGuard<'_, Store> {
+    pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
         self.core.store()
     }
 }

@@ -882,3 +882,38 @@ fn the_writer_thread_stores_a_burst_and_wakes_the_readers() {
     let (reopened, _) = open(dir.path(), Limits::default());
     assert_eq!(reopened.status().stored, 5000, "durable");
 }
+
+/// `stored` answers once the writer thread has synced every event
+/// numbered so far (what the API waits for before a 2xx), and at once with
+/// false while the state directory cannot be written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_waits_for_the_writer_and_says_when_it_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, _) = open(dir.path(), Limits::default());
+    assert!(outbox.stored(Duration::ZERO).await, "nothing to wait for");
+    for _ in 0..200 {
+        outbox.append(EventBody::new(EventKind::TaskStarted), None);
+    }
+    assert!(outbox.stored(Duration::from_secs(10)).await);
+    assert_eq!(outbox.status().stored, 200, "stored when it says so");
+    let on_disk = Outbox::open(dir.path(), "h1", Limits::default(), metrics());
+    // The same database, read by a second handle: synced.
+    assert_eq!(on_disk.map(|o| o.read(0, 1000).len()).ok(), Some(200));
+
+    fill_up(&outbox, EventKind::Heartbeat);
+    let started = std::time::Instant::now();
+    assert!(!outbox.stored(Duration::from_secs(10)).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "false at once while writes fail, not after the bound"
+    );
+    outbox.store().limit_pages(u32::MAX as u64);
+    // Writable again once the writer's next round has written the queue.
+    assert!(outbox.maintain());
+    outbox.append(EventBody::new(EventKind::TaskStarted), None);
+    assert!(
+        outbox.stored(Duration::from_secs(10)).await,
+        "{:?}",
+        outbox.status()
+    );
+}

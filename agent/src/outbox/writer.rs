@@ -224,6 +224,8 @@ impl Core {
                 .inc_by(mem.pending.len() as u64);
         }
         mem.persist_error = Some(error);
+        // Wakes whoever waits for their events to be stored (`stored`).
+        self.newest.send_modify(|_| {});
     }
 
     /// Keeps a block of seqs reserved ahead of `next_seq` (persisting a
@@ -272,7 +274,7 @@ impl Core {
 }
 
 /// Events waiting unnumbered (the newest ones).
-fn unnumbered(mem: &Mem) -> u64 {
+pub(super) fn unnumbered(mem: &Mem) -> u64 {
     mem.pending
         .iter()
         .rev()
