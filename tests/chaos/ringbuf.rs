@@ -13,7 +13,9 @@ use std::{
 use agent_common::{CgroupRecord, EVENTS_RING_BYTES};
 use memwatch::EventKind;
 use memwatch_test_support::{metrics::metric, process::wait_timeout};
-use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in};
+use memwatch_tests::{
+    agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, kills_reported, memhog_in,
+};
 
 /// Each mkdir and each rmdir writes one CgroupRecord (plus an 8-byte
 /// header); twice the ring's worth of records is sure to overflow it.
@@ -102,31 +104,6 @@ async fn a_full_ring_buffer_is_counted_and_degrades_health() {
         .post("/v1/tasks", Some(serde_json::json!({ "task_id": "after" })))
         .await;
     assert_eq!(code, 201);
-}
-
-/// Kills in `cgroup` as the agent reported them: how many were seen live,
-/// and how many the counters recovered (each recovered event says how many
-/// kills it stands for: "recovered: N OOM kill…").
-fn kills_reported(events: &[memwatch::Event], cgroup: &str) -> (u64, u64) {
-    let mut live = 0;
-    let mut recovered = 0;
-    for e in events
-        .iter()
-        .filter(|e| e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(cgroup))
-    {
-        if e.body.recovered == Some(true) {
-            let reason = e.body.reason.as_deref().unwrap_or("");
-            let n = reason
-                .strip_prefix("recovered: ")
-                .and_then(|r| r.split_whitespace().next())
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or_else(|| panic!("a recovered kill says how many: {reason}"));
-            recovered += n;
-        } else {
-            live += 1;
-        }
-    }
-    (live, recovered)
 }
 
 /// Runs memhog in `cgroup` (limited below what it takes) until the kernel

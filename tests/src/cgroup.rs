@@ -45,6 +45,12 @@ impl TestCgroup {
         cgroup_exec_line(self.path(), cmd)
     }
 
+    /// OOM kills the kernel counted in it (`oom_kill` of memory.oom_control
+    /// on v1, memory.events on v2).
+    pub fn oom_kills(&self) -> u64 {
+        self.inner.oom_kills().unwrap_or(0)
+    }
+
     /// The cgroup's memory usage as the kernel counts it.
     pub fn usage(&self) -> u64 {
         memwatch::working_set(self.path()).unwrap_or(0)

@@ -140,3 +140,27 @@ pub fn assert_seq_increasing_and_ids_unique(events: &[Event]) {
     let ids: BTreeSet<&str> = events.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids.len(), events.len(), "an event id repeats");
 }
+
+/// Kills in `cgroup` as the agent reported them: how many were seen live,
+/// and how many the counters recovered (each recovered event says how many
+/// kills it stands for: "recovered: N OOM kill…").
+pub fn kills_reported(events: &[memwatch::Event], cgroup: &str) -> (u64, u64) {
+    let mut live = 0;
+    let mut recovered = 0;
+    for e in events.iter().filter(|e| {
+        e.body.kind == memwatch::EventKind::OomKill && e.body.cgroup.as_deref() == Some(cgroup)
+    }) {
+        if e.body.recovered == Some(true) {
+            let reason = e.body.reason.as_deref().unwrap_or("");
+            let n = reason
+                .strip_prefix("recovered: ")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("a recovered kill says how many: {reason}"));
+            recovered += n;
+        } else {
+            live += 1;
+        }
+    }
+    (live, recovered)
+}

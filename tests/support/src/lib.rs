@@ -12,6 +12,7 @@ pub mod memhog;
 pub mod metrics;
 pub mod process;
 pub mod stats;
+pub mod storm;
 pub mod wait;
 pub mod webhook;
 

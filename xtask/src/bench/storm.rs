@@ -4,19 +4,14 @@
 //! measured over the storm.
 //!
 //! WORKERS threads each own CGROUPS_PER_WORKER small memory cgroups (limit
-//! LIMIT_MIB) and fork, one after another and round the cgroups, a hog that
-//! moves itself into the cgroup and wants more than the limit: the kernel
-//! kills it at once. (A fork without exec, in 4 MiB cgroups: an exec'd
-//! memhog in 8 MiB cgroups cost 13.3 ms of CPU per kill against 9.3 ms, and
-//! could not reach the rate on 2 busy cores.) The threads
-//! are paced to TARGET_PER_MINUTE together and stop after DURATION. The
-//! truth is what the bench itself caused: the pid of every child and the
-//! cgroup it was put in, which children died of SIGKILL, and the cgroups'
-//! own `oom_kill` counters.
+//! LIMIT_MIB) and fork hogs into them (memwatch_test_support::storm, shared
+//! with the CI test tests/chaos/storm.rs), paced to TARGET_PER_MINUTE
+//! together, for DURATION. The truth is what the bench itself caused: the
+//! pid of every child and the cgroup it was put in, which children died of
+//! SIGKILL, and the cgroups' own `oom_kill` counters.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    ffi::CString,
     path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
     thread,
@@ -24,7 +19,11 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use memwatch_test_support::{stats::quantile, webhook::Receiver};
+use memwatch_test_support::{
+    stats::quantile,
+    storm::{self, Pace},
+    webhook::Receiver,
+};
 
 use super::{
     delay::{ms, oom_control_kills},
@@ -42,19 +41,15 @@ const CGROUPS_PER_WORKER: usize = 4;
 /// The cgroups' hard limit, and what a hog wants (it is killed on the way).
 const LIMIT_MIB: u64 = 4;
 const HOG_MIB: u64 = 64;
-/// The hogs' process name (the `comm` of the `oom_kill` events).
-const HOG_COMM: &std::ffi::CStr = c"stormhog";
+const PACE: Pace = Pace {
+    per_minute: TARGET_PER_MINUTE,
+    workers: WORKERS,
+    duration: DURATION,
+    hog_mib: HOG_MIB,
+};
 /// How long the webhook may take to get the last events after the storm.
 const DRAIN: Duration = Duration::from_secs(60);
 const PARENT: &str = "/sys/fs/cgroup/memory/memwatch-bench-storm";
-
-/// One child the bench started.
-struct Child {
-    pid: u32,
-    cgroup: PathBuf,
-    /// Died of SIGKILL: the OOM killer's (the bench sends no signals).
-    killed: bool,
-}
 
 /// Removes the storm's cgroups, also on error.
 struct Cgroups(Vec<PathBuf>);
@@ -120,7 +115,7 @@ pub(super) fn storm() -> anyhow::Result<()> {
             .map(|w| {
                 let dirs = cgroups.0[w * CGROUPS_PER_WORKER..(w + 1) * CGROUPS_PER_WORKER].to_vec();
                 let stop = &stop;
-                scope.spawn(move || worker(&dirs, started, stop))
+                scope.spawn(move || storm::worker(&dirs, started, PACE, stop))
             })
             .collect();
         let mut all = Vec::new();
@@ -130,7 +125,7 @@ pub(super) fn storm() -> anyhow::Result<()> {
                 Ok(Ok(children)) => all.extend(children),
                 Ok(Err(error)) => {
                     stop.store(true, Ordering::Relaxed);
-                    failed = Some(error);
+                    failed = Some(anyhow::Error::new(error).context("a storm worker"));
                 }
                 Err(_) => {
                     stop.store(true, Ordering::Relaxed);
@@ -298,87 +293,4 @@ fn children_cpu_ms() -> f64 {
 
 fn yes(met: bool) -> &'static str {
     if met { "met" } else { "MISSED" }
-}
-
-/// Starts hogs one after another round `dirs`, paced to this worker's
-/// share of TARGET_PER_MINUTE, until DURATION has passed since `started`.
-fn worker(dirs: &[PathBuf], started: Instant, stop: &AtomicBool) -> anyhow::Result<Vec<Child>> {
-    let period = Duration::from_secs(60) * WORKERS as u32 / TARGET_PER_MINUTE;
-    let procs: Vec<CString> = dirs
-        .iter()
-        .map(|d| CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()))
-        .collect::<Result<_, _>>()?;
-    let mut children = Vec::new();
-    let mut next = started;
-    // Bounded: stops at DURATION, and each child ends by itself (below).
-    for n in 0.. {
-        let now = Instant::now();
-        if now >= started + DURATION || stop.load(Ordering::Relaxed) {
-            break;
-        }
-        if next > now {
-            thread::sleep(next - now);
-        }
-        next += period;
-        let slot = n % dirs.len();
-        let pid = hog(&procs[slot])?;
-        let mut status = 0;
-        // Bounded by the child itself: it exits once it has touched
-        // HOG_MIB, if the kernel has not killed it before.
-        // SAFETY: waits for our own child; `status` is a valid out-pointer.
-        if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
-            bail!("waitpid {pid}: {}", std::io::Error::last_os_error());
-        }
-        let killed = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL;
-        let pid = pid as u32;
-        children.push(Child {
-            pid,
-            cgroup: dirs[slot].clone(),
-            killed,
-        });
-    }
-    Ok(children)
-}
-
-/// Forks a hog: the child moves itself into the cgroup of `procs` (its
-/// `cgroup.procs`), names itself HOG_COMM, and touches HOG_MIB of fresh
-/// anonymous memory, a page at a time, then exits. No exec: a kill costs
-/// the kernel's OOM path and the faults, little more.
-fn hog(procs: &CString) -> anyhow::Result<libc::pid_t> {
-    let bytes = HOG_MIB << 20;
-    // SAFETY: after fork the child (a copy of one thread of a multi-threaded
-    // process) makes only async-signal-safe system calls on memory prepared
-    // before the fork, writes to its own fresh mapping, and _exits.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        bail!("fork: {}", std::io::Error::last_os_error());
-    }
-    if pid > 0 {
-        return Ok(pid);
-    }
-    unsafe {
-        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        // "0" is the writing process itself.
-        if fd < 0 || libc::write(fd, c"0".as_ptr().cast(), 1) != 1 {
-            libc::_exit(2);
-        }
-        libc::close(fd);
-        libc::prctl(libc::PR_SET_NAME, HOG_COMM.as_ptr());
-        let memory = libc::mmap(
-            std::ptr::null_mut(),
-            bytes as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if memory == libc::MAP_FAILED {
-            libc::_exit(3);
-        }
-        let memory = memory.cast::<u8>();
-        for offset in (0..bytes as usize).step_by(4096) {
-            std::ptr::write_volatile(memory.add(offset), 1);
-        }
-        libc::_exit(0);
-    }
 }
