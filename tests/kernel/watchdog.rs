@@ -7,6 +7,7 @@ use std::{
 };
 
 use memwatch::{Event, EventKind};
+use memwatch_test_support::metrics::metric;
 use memwatch_tests::{
     agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
     kernel_tests_enabled, memhog_in, ms_after_mark, process::Guarded, workspace_bin,
@@ -579,4 +580,139 @@ async fn exec_keeps_the_token_from_its_command() {
         !env.contains("MEMWATCH_"),
         "the command saw memwatch's settings:\n{env}"
     );
+}
+
+/// The value of `series` in the agent's `/metrics` once it is above 0,
+/// polled until `timeout`; `None` if it never was.
+async fn positive_metric(agent: &Agent, series: &str, timeout: Duration) -> Option<f64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (_, text) = agent.get("/metrics").await;
+        if let Some(value) = metric(&text, series).filter(|v| *v > 0.0) {
+            return Some(value);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A worker held at its memory limit, as the kernel says it: on cgroup v2
+/// (the kernel matrix's VMs) throttled at `memory.high`, it says
+/// `memory_high_throttled`, its `memory.events` and PSI are metrics, and
+/// the pressure rule (PSI `some avg10` over `pressure_limit`) turns it
+/// unhealthy, end to end; on v1 (this host) the `memory.failcnt` of a
+/// hard limit is its `max` count, and only the host's PSI exists.
+#[tokio::test]
+async fn a_worker_held_at_its_limit_shows_in_memory_events_and_pressure() {
+    if !kernel_tests_enabled("a_worker_held_at_its_limit_shows_in_memory_events_and_pressure") {
+        return;
+    }
+    let scale = time_scale();
+    let worker = TestCgroup::create("held");
+    let v2 = worker.path().join("memory.high").exists();
+    if v2 {
+        std::fs::write(worker.path().join("memory.high"), (32 * MIB).to_string())
+            .expect("memory.high");
+    } else {
+        // The memory limit alone: with memory+swap limited as well, a
+        // refused charge fails on that counter first, and this kernel
+        // (6.x) counts no failcnt for it.
+        std::fs::write(
+            worker.path().join("memory.limit_in_bytes"),
+            (32 * MIB).to_string(),
+        )
+        .expect("memory.limit_in_bytes");
+    }
+    // The soft cap far away: only the kernel's figures speak here.
+    let agent = Agent::start_with_config(&format!(
+        "sample_interval = \"100ms\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n\
+         soft_cap = \"1GiB\"\npressure_limit = 0.01\npressure_after = \"1s\"\n",
+        worker.path_str()
+    ))
+    .await;
+    // Wants more than the limit: throttled for as long as it runs (v2), or
+    // refused and OOM-killed (v1).
+    let _hog = Guarded(
+        memhog_in(worker.path(), 64, 120)
+            .spawn()
+            .expect("spawn memhog"),
+    );
+    let wait = Duration::from_secs_f64(30.0 * scale);
+    if v2 {
+        let throttled = agent
+            .wait_for_event(wait, "memory_high_throttled", |e| {
+                e.body.kind == EventKind::MemoryHighThrottled
+                    && e.body.worker.as_deref() == Some("w1")
+            })
+            .await;
+        assert!(throttled.body.count.unwrap_or(0) > 0, "{throttled:?}");
+        let high = positive_metric(
+            &agent,
+            "memwatch_memory_events_total{event=\"high\",worker=\"w1\"}",
+            wait,
+        )
+        .await;
+        assert!(high.is_some(), "memory.events high as a metric");
+        let stalled = positive_metric(
+            &agent,
+            "memwatch_memory_pressure_stall_seconds_total{kind=\"some\",scope=\"worker\",worker=\"w1\"}",
+            wait,
+        )
+        .await;
+        assert!(stalled.is_some(), "the worker's PSI total as a metric");
+        let unhealthy = agent
+            .wait_for_event(
+                Duration::from_secs_f64(60.0 * scale),
+                "worker_unhealthy",
+                |e| {
+                    e.body.kind == EventKind::WorkerUnhealthy
+                        && e.body.worker.as_deref() == Some("w1")
+                },
+            )
+            .await;
+        let reason = unhealthy.body.reason.clone().unwrap_or_default();
+        assert!(reason.contains("memory pressure"), "{unhealthy:?}");
+        let (code, health) = agent.get("/health?worker=w1").await;
+        assert_eq!(code, 503, "{health}");
+        println!(
+            "v2: throttled at memory.high (count {:?}), {} s stalled, unhealthy by PSI: {reason}",
+            throttled.body.count,
+            stalled.unwrap_or(0.0)
+        );
+    } else {
+        let failed = positive_metric(
+            &agent,
+            "memwatch_memory_events_total{event=\"max\",worker=\"w1\"}",
+            wait,
+        )
+        .await;
+        let (_, text) = agent.get("/metrics").await;
+        assert!(
+            failed.is_some(),
+            "v1 memory.failcnt as the max count: {}\nlog:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with("memwatch_memory_"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            agent.log_text()
+        );
+        assert!(
+            !text.contains("memwatch_memory_pressure_ratio{kind=\"some\",scope=\"worker\""),
+            "no per-cgroup PSI on v1"
+        );
+        let host_psi = std::fs::read_to_string("/proc/pressure/memory").is_ok();
+        if host_psi {
+            assert!(
+                metric(
+                    &text,
+                    "memwatch_memory_pressure_ratio{kind=\"some\",scope=\"host\",window=\"10s\",worker=\"\"}"
+                )
+                .is_some(),
+                "the host's PSI as a metric: {text}"
+            );
+        }
+        println!("v1: failcnt {failed:?} as memory events max; host PSI shown: {host_psi}");
+    }
 }

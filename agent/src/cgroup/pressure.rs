@@ -134,7 +134,8 @@ pub(crate) fn of_cgroup(cgroup: &Path) -> Result<Pressure, PressureError> {
 }
 
 /// The memory event counters of a cgroup: v2 `memory.events` (this cgroup
-/// and its descendants), else v1 `memory.failcnt` as `max` and
+/// and its descendants), else v1 `memory.failcnt` (plus
+/// `memory.memsw.failcnt`, the memory+swap limit's) as `max` and
 /// `memory.oom_control`'s `oom_kill`, with its `under_oom` state (0 or 1)
 /// under that name. `None` when neither version's files are readable.
 pub(crate) fn memory_events(cgroup: &Path) -> Option<MemoryEvents> {
@@ -142,10 +143,19 @@ pub(crate) fn memory_events(cgroup: &Path) -> Option<MemoryEvents> {
         return Some(parse_memory_events(&text));
     }
     let mut events = MemoryEvents::new();
-    if let Ok(text) = fs::read_to_string(cgroup.join("memory.failcnt"))
-        && let Ok(n) = text.trim().parse()
-    {
-        events.insert("max", n);
+    // A charge tries the memory+swap counter first (where swap accounting
+    // is on), then the memory one: each refusal counts in one failcnt,
+    // never both, so the limit was hit as often as their sum.
+    let failcnt = |file: &str| -> Option<u64> {
+        fs::read_to_string(cgroup.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    if let Some(memory) = failcnt("memory.failcnt") {
+        let memsw = failcnt("memory.memsw.failcnt").unwrap_or(0);
+        events.insert("max", memory + memsw);
     }
     if let Ok(text) = fs::read_to_string(cgroup.join("memory.oom_control")) {
         for (key, name) in [("oom_kill", "oom_kill"), ("under_oom", UNDER_OOM)] {
@@ -312,6 +322,10 @@ some=
         .unwrap();
         let events = memory_events(v1.path()).unwrap();
         assert_eq!(events.get("max"), Some(&42));
+        // With swap accounting, refusals of the memory+swap limit too.
+        fs::write(v1.path().join("memory.memsw.failcnt"), "8\n").unwrap();
+        let events = memory_events(v1.path()).unwrap();
+        assert_eq!(events.get("max"), Some(&50));
         assert_eq!(events.get("oom_kill"), Some(&2));
         assert_eq!(events.get(UNDER_OOM), Some(&1));
     }

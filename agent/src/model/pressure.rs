@@ -37,7 +37,7 @@ pub(crate) struct Pressure {
 
 /// The memory event counters of a worker's cgroup, by the names of v2's
 /// `memory.events` (`low`, `high`, `max`, `oom`, `oom_kill`,
-/// `oom_group_kill`); on v1, `max` is `memory.failcnt`, `oom_kill` is
+/// `oom_group_kill`); on v1, `max` is `memory.failcnt` + `memory.memsw.failcnt`, `oom_kill` is
 /// `memory.oom_control`'s, and `oom` counts the samples that found
 /// `under_oom` newly set. Only the counters the kernel has are present.
 pub(crate) type MemoryEvents = BTreeMap<&'static str, u64>;

@@ -330,7 +330,9 @@ fn boot(
         .arg(initramfs)
         .args([
             "-append",
-            "console=ttyS0 panic=-1 loglevel=4 cgroup_no_v1=all",
+            // psi=1: Debian builds PSI in but off by default
+            // (CONFIG_PSI_DEFAULT_DISABLED); the pressure tests need it.
+            "console=ttyS0 panic=-1 loglevel=4 cgroup_no_v1=all psi=1",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
