@@ -508,3 +508,64 @@ fn chart_and_raw_alert_rules_are_the_same() {
     let chart = ops::read("deploy/helm/memwatch/files/alert-groups.yaml");
     assert_eq!(chart.trim_end(), spec.trim_end());
 }
+
+/// `seccomp.profile`: the runtime's default unless told; `localhost` runs
+/// an init container (no capability) that writes memwatch's profile with
+/// the agent's own binary to the kubelet's seccomp directory, at the path
+/// the agent's `Localhost` profile names.
+#[test]
+fn helm_chart_installs_memwatchs_seccomp_profile_when_asked() {
+    let chart = Chart::render(None, &["daemonset", "configmap", "service", "secret"]);
+    assert_eq!(
+        chart.container()["securityContext"]["seccompProfile"],
+        serde_json::json!({"type": "RuntimeDefault"})
+    );
+    assert!(chart.pod()["spec"]["initContainers"].is_null());
+
+    let chart = Chart::render(
+        Some(&values("values-full.yaml")),
+        &["daemonset", "configmap", "service", "secret"],
+    );
+    let spec = &chart.pod()["spec"];
+    let profile = &chart.container()["securityContext"]["seccompProfile"];
+    assert_eq!(profile["type"], "Localhost");
+    let relative = profile["localhostProfile"].as_str().unwrap();
+    let init = &spec["initContainers"][0];
+    assert_eq!(init["image"], chart.container()["image"], "the same image");
+    let args: Vec<&str> = init["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "seccomp-profile");
+    let written = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--output="))
+        .expect("--output=");
+    let mount = &init["volumeMounts"][0];
+    let volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the init container's volume");
+    assert_eq!(volume["hostPath"]["path"], "/var/lib/kubelet/seccomp");
+    // The file the init container writes is the one the kubelet resolves.
+    assert_eq!(
+        written,
+        format!("{}/{relative}", mount["mountPath"].as_str().unwrap())
+    );
+    assert_eq!(
+        init["securityContext"]["capabilities"],
+        serde_json::json!({"drop": ["ALL"]})
+    );
+    assert_eq!(init["securityContext"]["readOnlyRootFilesystem"], true);
+    // The command exists in the binary the image holds.
+    let out = std::process::Command::new(memwatch_tests::workspace_bin("memwatch"))
+        .args(["seccomp-profile", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--output"));
+}

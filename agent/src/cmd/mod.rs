@@ -6,6 +6,7 @@ pub(crate) mod doctor;
 pub(crate) mod events;
 pub(crate) mod exec;
 pub(crate) mod run;
+pub(crate) mod seccomp;
 pub(crate) mod status;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
@@ -48,6 +49,18 @@ pub enum Command {
     /// Print recent events from the local agent, one per line (`--json`:
     /// one JSON object per line).
     Events(EventsArgs),
+    /// Print the seccomp profile the agent's container needs (the runtime
+    /// default plus bpf and perf_event_open for CAP_BPF and CAP_PERFMON),
+    /// or write it to a file, e.g. under the kubelet's seccomp directory.
+    SeccompProfile(SeccompArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SeccompArgs {
+    /// Write the profile to FILE (whole, replacing it; its directory made
+    /// when missing) instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 /// Where the agent is, and the token for its routes.
@@ -244,6 +257,7 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
             }
         },
         Command::Doctor(args) => doctor::run(&args),
+        Command::SeccompProfile(args) => report(seccomp::run(&args)),
         Command::Exec(args) => {
             crate::telemetry::init_logging("warn", crate::telemetry::LogFormat::Text);
             ExitCode::from(exec::exec(&args).await)

@@ -61,8 +61,9 @@ fn seccomp_blocks(error: &(dyn std::error::Error + 'static), status: &str) -> Op
     (seccomp_mode(status) == Some(2) && is_eperm(error)).then(|| {
         "this process runs under a seccomp filter (Seccomp: 2 in /proc/self/status) that \
          refuses bpf(2) with EPERM although CAP_BPF and CAP_PERFMON are granted: give the \
-         container a seccomp profile that allows bpf and perf_event_open (docs/install.md), \
-         or run it unconfined"
+         container memwatch's seccomp profile, which allows bpf and perf_event_open \
+         (`memwatch seccomp-profile`; the Helm chart's seccomp.profile=localhost; \
+         docs/install.md#seccomp), or run it unconfined"
             .to_string()
     })
 }
