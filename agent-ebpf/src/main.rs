@@ -3,6 +3,7 @@
 #![no_std]
 #![no_main]
 
+mod log;
 mod maps;
 mod programs;
 

@@ -13,26 +13,37 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{EVENTS, OFFSETS, count, read, ret};
+use crate::{
+    log,
+    maps::{EVENTS, OFFSETS, count, read, ret},
+};
 
 #[btf_tracepoint(function = "cgroup_mkdir")]
 pub fn cgroup_mkdir_btf(ctx: BtfTracePointContext) -> i32 {
-    ret(try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1)))
+    let result = try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1));
+    log::cgroup_record(&ctx, &result);
+    ret(result)
 }
 
 #[raw_tracepoint(tracepoint = "cgroup_mkdir")]
 pub fn cgroup_mkdir_raw(ctx: RawTracePointContext) -> i32 {
-    ret(try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1)))
+    let result = try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1));
+    log::cgroup_record(&ctx, &result);
+    ret(result)
 }
 
 #[btf_tracepoint(function = "cgroup_rmdir")]
 pub fn cgroup_rmdir_btf(ctx: BtfTracePointContext) -> i32 {
-    ret(try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1)))
+    let result = try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1));
+    log::cgroup_record(&ctx, &result);
+    ret(result)
 }
 
 #[raw_tracepoint(tracepoint = "cgroup_rmdir")]
 pub fn cgroup_rmdir_raw(ctx: RawTracePointContext) -> i32 {
-    ret(try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1)))
+    let result = try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1));
+    log::cgroup_record(&ctx, &result);
+    ret(result)
 }
 
 fn try_record(kind: RecordKind, cgroup: *const u8, path: *const u8) -> Result<(), i32> {

@@ -14,30 +14,41 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 
-use crate::maps::{OFFSETS, OOM_EVENTS, SIGKILLED, count, read, ret};
+use crate::{
+    log,
+    maps::{OFFSETS, OOM_EVENTS, SIGKILLED, count, read, ret},
+};
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
-    ret(try_mark_victim(task))
+    let result = try_mark_victim(task);
+    log::oom_victim(&ctx, &result);
+    ret(result.map(|_| ()))
 }
 
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_mark_victim_raw(ctx: RawTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
-    ret(try_mark_victim(task))
+    let result = try_mark_victim(task);
+    log::oom_victim(&ctx, &result);
+    ret(result.map(|_| ()))
 }
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_pid_btf(ctx: BtfTracePointContext) -> i32 {
     let pid: u64 = ctx.arg(0);
-    ret(try_mark_victim_pid(pid as u32))
+    let result = try_mark_victim_pid(pid as u32);
+    log::oom_victim_pid(&ctx, pid as u32, &result);
+    ret(result)
 }
 
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_mark_victim_pid_raw(ctx: RawTracePointContext) -> i32 {
     let pid: u64 = ctx.arg(0);
-    ret(try_mark_victim_pid(pid as u32))
+    let result = try_mark_victim_pid(pid as u32);
+    log::oom_victim_pid(&ctx, pid as u32, &result);
+    ret(result)
 }
 
 /// Tests only (`memwatch run --probe-oom-by-pid`): this kernel passes the
@@ -48,7 +59,11 @@ pub fn oom_mark_victim_as_pid_btf(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let off = OFFSETS.load();
     match read::<i32>(task, off.task_pid) {
-        Ok(pid) => ret(try_mark_victim_pid(pid as u32)),
+        Ok(pid) => {
+            let result = try_mark_victim_pid(pid as u32);
+            log::oom_victim_pid(&ctx, pid as u32, &result);
+            ret(result)
+        }
         Err(code) => code,
     }
 }
@@ -64,7 +79,7 @@ fn try_mark_victim_pid(pid: u32) -> Result<(), i32> {
     let task = unsafe { SIGKILLED.get(pid) }.copied().unwrap_or(0) as *const u8;
     let current = !task.is_null() && read::<i32>(task, off.task_pid).is_ok_and(|p| p as u32 == pid);
     if current {
-        let done = try_mark_victim(task);
+        let done = try_mark_victim(task).map(|_| ());
         let _ = SIGKILLED.remove(pid);
         return done;
     }
@@ -90,7 +105,8 @@ fn mark_victim_unknown(pid: u32) -> Result<(), i32> {
     Ok(())
 }
 
-fn try_mark_victim(task: *const u8) -> Result<(), i32> {
+/// Records the victim `task`; its pid when recorded.
+fn try_mark_victim(task: *const u8) -> Result<u32, i32> {
     let off = OFFSETS.load();
     if off.valid == 0 || task.is_null() {
         return Err(result::NO_INPUT);
@@ -108,9 +124,10 @@ fn try_mark_victim(task: *const u8) -> Result<(), i32> {
     if event.flags != 0 {
         count(ProbeCounter::ReadErrors);
     }
+    let pid = event.pid;
     entry.write(event);
     entry.submit(0);
-    Ok(())
+    Ok(pid)
 }
 
 fn fill_identity(task: *const u8, off: &KernelOffsets, event: &mut OomVictimEvent) {

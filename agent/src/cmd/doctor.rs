@@ -16,7 +16,7 @@ use crate::{
     model::pressure::Pressure,
     probe::{
         btf,
-        ebpf::{AttachedHook, EbpfProbe},
+        ebpf::{AttachedHook, EbpfProbe, ProbeOptions, ProgramSize},
         hooks::VictimForm,
     },
 };
@@ -62,12 +62,15 @@ pub(crate) struct Report {
     pub growth: String,
     /// How OOM victims are found.
     pub oom: String,
+    /// Each program loaded, with its size as the kernel holds it (empty
+    /// without eBPF).
+    pub programs: Vec<ProgramSize>,
     /// The table; the last row is the verdict.
     pub rows: Vec<Check>,
 }
 
 /// Runs every check, and loads and attaches the probe as `run` would.
-pub(crate) fn report(btf_path: &Path) -> Report {
+pub(crate) fn report(btf_path: &Path, options: &ProbeOptions) -> Report {
     let mut rows = Vec::new();
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     rows.push(check("kernel", State::Ok, release.trim()));
@@ -83,7 +86,7 @@ pub(crate) fn report(btf_path: &Path) -> Report {
     };
     let hierarchy = MemoryHierarchy::discover();
     host_checks(&hierarchy, &mut rows);
-    let found = probe_checks(btf_path, victim_form, &hierarchy, &mut rows);
+    let found = probe_checks(btf_path, options, victim_form, &hierarchy, &mut rows);
     Report {
         kernel: release.trim().to_string(),
         usable: hierarchy.is_ok(),
@@ -91,6 +94,7 @@ pub(crate) fn report(btf_path: &Path) -> Report {
         hooks: found.hooks,
         growth: found.growth,
         oom: found.oom,
+        programs: found.programs,
         rows,
     }
 }
@@ -101,6 +105,7 @@ struct Sources {
     hooks: Vec<AttachedHook>,
     growth: String,
     oom: String,
+    programs: Vec<ProgramSize>,
 }
 
 /// The checks that read the kernel's BTF: struct offsets, the OOM
@@ -267,15 +272,16 @@ fn psi_check(host: Result<Pressure, PressureError>, version: Option<CgroupVersio
 /// then detach.
 fn probe_checks(
     btf_path: &Path,
+    options: &ProbeOptions,
     victim_form: Option<VictimForm>,
     hierarchy: &Result<MemoryHierarchy, CgroupError>,
     rows: &mut Vec<Check>,
 ) -> Sources {
     // The real test: load and attach the probe as `run` would, then detach.
     // Without it, `run` polls the cgroup files (when there are any).
-    let probe = EbpfProbe::load(btf_path, &Default::default());
+    let probe = EbpfProbe::load(btf_path, options);
     let usable = hierarchy.is_ok();
-    let (source, hooks, growth, oom) = match &probe {
+    let (source, hooks, growth, oom, programs) = match &probe {
         Ok(p) => {
             for hook in p.hooks() {
                 rows.push(check(
@@ -292,15 +298,38 @@ fn probe_checks(
                 Some(VictimForm::Pid) => "mark_victim (pid) + signal_generate (task)",
                 _ => "mark_victim (task)",
             };
-            ("ebpf", p.hooks().to_vec(), growth, oom.to_string())
+            let programs = p.program_sizes();
+            let insns: u32 = programs.iter().map(|p| p.translated_insns).sum();
+            rows.push(check(
+                "programs",
+                State::Ok,
+                format!(
+                    "{} loaded, {insns} instructions after the verifier",
+                    programs.len()
+                ),
+            ));
+            (
+                "ebpf",
+                p.hooks().to_vec(),
+                growth,
+                oom.to_string(),
+                programs,
+            )
         }
         Err(_) if usable => (
             "poll",
             Vec::new(),
             "sampling (cgroup files)".to_string(),
             "poll (oom_kill counters)".to_string(),
+            Vec::new(),
         ),
-        Err(_) => ("none", Vec::new(), "none".to_string(), "none".to_string()),
+        Err(_) => (
+            "none",
+            Vec::new(),
+            "none".to_string(),
+            "none".to_string(),
+            Vec::new(),
+        ),
     };
     rows.push(match (probe, hierarchy) {
         (Err(e), Ok(_)) => check(
@@ -329,12 +358,18 @@ fn probe_checks(
         hooks,
         growth,
         oom,
+        programs,
     }
 }
 
 /// `memwatch doctor`: the table (or `--json`); exit 1 when no source is usable.
 pub(crate) fn run(args: &super::DoctorArgs) -> std::process::ExitCode {
-    let report = report(&args.btf_path);
+    let options = ProbeOptions {
+        log: args.probe_log,
+        object: args.probe_object.clone(),
+        ..ProbeOptions::default()
+    };
+    let report = report(&args.btf_path, &options);
     if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(json) => println!("{json}"),
@@ -439,7 +474,8 @@ mod tests {
 
     #[test]
     fn a_missing_btf_file_is_a_named_failure_and_polling_is_left() {
-        let Report { rows, usable, .. } = report(Path::new("/nonexistent/vmlinux"));
+        let Report { rows, usable, .. } =
+            report(Path::new("/nonexistent/vmlinux"), &ProbeOptions::default());
         let btf = rows.iter().find(|r| r.name == "BTF").unwrap();
         assert_eq!(btf.state, State::Fail);
         assert!(

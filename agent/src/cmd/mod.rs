@@ -109,10 +109,17 @@ pub struct DoctorArgs {
     /// Kernel BTF to check.
     #[arg(long, value_name = "FILE", default_value = crate::probe::btf::VMLINUX_BTF)]
     pub btf_path: PathBuf,
-    /// One JSON object (the checks, the hooks attached, the sources)
-    /// instead of the table.
+    /// One JSON object (the checks, the hooks attached, the programs'
+    /// sizes, the sources) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Load the programs with their log statements on, as `run
+    /// --probe-log` does (their sizes then include them).
+    #[arg(long)]
+    pub probe_log: bool,
+    /// Tests only: load this eBPF object instead of the one built in.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub probe_object: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +185,11 @@ pub struct RunArgs {
     /// pages), small enough for a test to overflow it.
     #[arg(long, hide = true, value_name = "BYTES")]
     pub probe_oom_ring_bytes: Option<u32>,
+    /// The eBPF programs' own log records (aya-log) in the agent's log, for
+    /// field debugging [default: `probe_log` of the config file, else off].
+    /// Off, the verifier removes every log statement but its level check.
+    #[arg(long, env = "MEMWATCH_PROBE_LOG")]
+    pub probe_log: bool,
     /// Event source: `auto` (eBPF, else polling the cgroup files), `ebpf`, `poll`.
     #[arg(long, value_enum, env = "MEMWATCH_SOURCE")]
     pub source: Option<crate::config::SourceChoice>,
@@ -205,6 +217,7 @@ impl RunArgs {
             probe_floor: self.probe_floor,
             probe_oom_by_pid: self.probe_oom_by_pid,
             probe_oom_ring_bytes: self.probe_oom_ring_bytes,
+            probe_log: self.probe_log,
             source: self.source,
             log_level: self.log_level.clone(),
             log_format: self.log_format,

@@ -79,6 +79,10 @@ pub struct Config {
     /// Turn on the kernel's BPF run-time statistics (program run counts and
     /// times as metrics; ~20 ns per program run).
     pub bpf_stats: bool,
+    /// The eBPF programs' own log records (aya-log) in the agent's log, for
+    /// field debugging (`--probe-log`). Off, the verifier removes them but
+    /// for their level checks.
+    pub probe_log: bool,
     /// The `admin` scope's bearer token (every route), when set.
     pub api_token: Option<String>,
     /// The `task` scope's bearer token (register tasks, end its own, read).
@@ -133,6 +137,7 @@ impl Default for Config {
             probe_oom_ring_bytes: None,
             source: SourceChoice::Auto,
             bpf_stats: false,
+            probe_log: false,
             api_token: None,
             task_token: None,
             read_token: None,
@@ -167,6 +172,7 @@ pub(crate) struct FileConfig {
     pub growth_step: Option<Size>,
     pub source: Option<SourceChoice>,
     pub bpf_stats: Option<bool>,
+    pub probe_log: Option<bool>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub task_token_file: Option<PathBuf>,
@@ -232,6 +238,8 @@ pub struct Overrides {
     pub probe_oom_by_pid: bool,
     /// `--probe-oom-ring-bytes` (tests only).
     pub probe_oom_ring_bytes: Option<u32>,
+    /// `--probe-log` (env `MEMWATCH_PROBE_LOG`): on wins over the file.
+    pub probe_log: bool,
     /// `--source`.
     pub source: Option<SourceChoice>,
     /// `--log-level` (env `MEMWATCH_LOG`); `RUST_LOG` still wins.
@@ -290,6 +298,7 @@ impl Config {
         config.probe_floor = overrides.probe_floor;
         config.probe_oom_by_pid = overrides.probe_oom_by_pid;
         config.probe_oom_ring_bytes = overrides.probe_oom_ring_bytes;
+        config.probe_log |= overrides.probe_log;
         if let Some(source) = overrides.source {
             config.source = source;
         }
@@ -334,6 +343,7 @@ impl Config {
             growth_step,
             source,
             bpf_stats,
+            probe_log,
             api_token,
             api_token_file,
             task_token_file,
@@ -369,6 +379,7 @@ impl Config {
         set(&mut self.growth_step, growth_step.map(|s| s.0));
         set(&mut self.source, source);
         set(&mut self.bpf_stats, bpf_stats);
+        set(&mut self.probe_log, probe_log);
         set(
             &mut self.watchdog.on_residual_over_cap,
             on_residual_over_cap,

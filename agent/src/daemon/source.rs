@@ -57,6 +57,8 @@ impl Source {
             oom_by_pid: config.probe_oom_by_pid,
             oom_ring_bytes: config.probe_oom_ring_bytes,
             stats: config.bpf_stats,
+            log: config.probe_log,
+            object: None,
         };
         let loaded = tokio::task::spawn_blocking(move || EbpfProbe::load(&btf_path, &options))
             .await

@@ -1,7 +1,11 @@
 //! Loading and attaching the eBPF programs, and reading their ring buffer.
 
 use crate::telemetry::liveness::{Beat, IDLE_BEAT};
-use std::{io, path::Path};
+use std::{
+    io,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
 
 use std::sync::{
     Mutex,
@@ -41,12 +45,16 @@ const CHURN_BATCH: usize = 64;
 /// A ring buffer the reader can wait on.
 type Ring = AsyncFd<RingBuf<MapData>>;
 
-fn watch_ring(ring: RingBuf<MapData>) -> Result<Ring, ProbeError> {
-    // SAFETY: the RingBuf owns its map fd, which stays open and the same
-    // until the RingBuf (moved into the AsyncFd) is dropped with it.
+/// Registers a ring buffer (the probe's, or aya-log's) with the runtime.
+fn watch_ring<T: AsRawFd>(ring: T) -> Result<AsyncFd<T>, ProbeError> {
+    // SAFETY: the ring owns its map fd, which stays open and the same
+    // until the ring (moved into the AsyncFd) is dropped with it.
     unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| ProbeError::Poll(e.into()))
 }
+
+/// aya-log's ring of the programs' log records (`--probe-log`).
+const LOG_RING: &str = "AYA_LOGS";
 
 /// Sends up to `max` records of `ring` to `tx`; how many were read, or
 /// `None` when `tx` is closed. Readiness was cleared before: a record
@@ -106,6 +114,8 @@ pub(crate) enum ProbeError {
     },
     #[error("watching the ring buffer: {0}")]
     Poll(#[source] io::Error),
+    #[error("reading the probe's log records (--probe-log): {0}")]
+    Log(String),
 }
 
 /// How the OOM program is attached.
@@ -139,7 +149,7 @@ fn attach_str<S: serde::Serializer>(kind: &AttachKind, s: S) -> Result<S::Ok, S:
 }
 
 /// How to load the probe.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct ProbeOptions {
     pub growth: GrowthSettings,
     /// Benchmarks only: an empty program on the growth hook instead of the
@@ -156,6 +166,13 @@ pub(crate) struct ProbeOptions {
     /// [`agent_common::OOM_RING_BYTES`] (a power of two, whole pages), small
     /// enough for a test to overflow it.
     pub oom_ring_bytes: Option<u32>,
+    /// The programs' aya-log records in the agent's log (`--probe-log`).
+    /// Off, the verifier removes every log statement but its level check.
+    pub log: bool,
+    /// Tests only (`doctor --probe-object`): load this object file instead
+    /// of the programs built in (a build without the `log` feature, to
+    /// compare sizes).
+    pub object: Option<PathBuf>,
 }
 
 impl Default for ProbeOptions {
@@ -166,6 +183,8 @@ impl Default for ProbeOptions {
             stats: false,
             oom_by_pid: false,
             oom_ring_bytes: None,
+            log: false,
+            object: None,
         }
     }
 }
@@ -184,6 +203,19 @@ pub(crate) struct EbpfProbe {
     growth_unavailable: Option<String>,
     /// Holds the kernel's run-time statistics on while it lives.
     _stats: Option<std::os::fd::OwnedFd>,
+    /// Whether the programs' log records are read (`--probe-log`).
+    log: bool,
+}
+
+/// One loaded program's size, as the kernel holds it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct ProgramSize {
+    pub name: String,
+    /// Instructions after the verifier (dead code removed, rewrites
+    /// applied): what runs, before the JIT.
+    pub translated_insns: u32,
+    /// Instructions the verifier walked (Linux 5.16+), when known.
+    pub verified_insns: Option<u32>,
 }
 
 /// The WATCHED map: soft caps of the cgroups user space watches.
@@ -250,15 +282,25 @@ impl EbpfProbe {
         if let Some(bytes) = options.oom_ring_bytes {
             loader.map_max_entries(maps::OOM_EVENTS, bytes);
         }
-        let mut ebpf = loader
-            .load(PROGRAMS)
-            .map_err(|e| match privilege::seccomp_refusal(&e) {
-                Some(why) => ProbeError::Seccomp {
-                    why,
-                    source: Box::new(e),
-                },
-                None => ProbeError::Load(Box::new(e)),
-            })?;
+        if !options.log {
+            // Level 0: every log statement is a branch the verifier knows
+            // is never taken (the level is read-only), and removes; the
+            // records' ring, never written, shrinks to one page.
+            loader
+                .override_global(aya_log::LEVEL, &0u8, false)
+                .map_max_entries(LOG_RING, procfs::page_size() as u32);
+        }
+        let loaded = match &options.object {
+            Some(path) => loader.load_file(path),
+            None => loader.load(PROGRAMS),
+        };
+        let mut ebpf = loaded.map_err(|e| match privilege::seccomp_refusal(&e) {
+            Some(why) => ProbeError::Seccomp {
+                why,
+                source: Box::new(e),
+            },
+            None => ProbeError::Load(Box::new(e)),
+        })?;
         let aya_btf =
             aya::Btf::parse_file(btf_path, aya::Endianness::default()).map_err(|e| e.to_string());
         let growth_hook = match &growth_unavailable {
@@ -292,6 +334,7 @@ impl EbpfProbe {
             watched,
             growth_unavailable,
             _stats: stats,
+            log: options.log,
         })
     }
 
@@ -321,6 +364,15 @@ impl EbpfProbe {
             RingBuf::try_from,
         )?)?;
         let mut events = watch_ring(take_map(&mut self.ebpf, maps::EVENTS, RingBuf::try_from)?)?;
+        // The programs' log records, written to this log as they come.
+        let mut log = match self.log {
+            true => Some(watch_ring(
+                aya_log::EbpfLogger::init(&mut self.ebpf).map_err(|e| {
+                    ProbeError::Log(format!("{e} (a probe built without the `log` feature?)"))
+                })?,
+            )?),
+            false => None,
+        };
         let page_size = procfs::page_size();
         Ok(tokio::spawn(async move {
             loop {
@@ -329,9 +381,19 @@ impl EbpfProbe {
                 // reader only when it had caught up, so a wakeup that came
                 // between the last read and clear_ready() is lost for good;
                 // the timeout bounds that to one IDLE_BEAT.
+                let logged = async {
+                    match log.as_mut() {
+                        Some(log) => log.readable_mut().await.map(|mut g| {
+                            g.get_inner_mut().flush();
+                            g.clear_ready();
+                        }),
+                        None => std::future::pending().await,
+                    }
+                };
                 let woke = tokio::select! {
                     ready = oom.readable_mut() => ready.map(|mut g| g.clear_ready()),
                     ready = events.readable_mut() => ready.map(|mut g| g.clear_ready()),
+                    ready = logged => ready,
                     _ = tokio::time::sleep(IDLE_BEAT) => Ok(()),
                 };
                 if let Err(error) = woke {
@@ -387,6 +449,24 @@ impl EbpfProbe {
                 ))
             })
             .collect()
+    }
+
+    /// Every loaded program's size as the kernel holds it, by name.
+    pub(crate) fn program_sizes(&self) -> Vec<ProgramSize> {
+        let mut sizes: Vec<ProgramSize> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some(ProgramSize {
+                    name: name.to_string(),
+                    translated_insns: info.size_translated()? / 8,
+                    verified_insns: info.verified_instruction_count(),
+                })
+            })
+            .collect();
+        sizes.sort_by(|a, b| a.name.cmp(&b.name));
+        sizes
     }
 
     /// The kernel's soft-cap map, when the growth program runs.
