@@ -716,3 +716,132 @@ async fn a_worker_held_at_its_limit_shows_in_memory_events_and_pressure() {
         println!("v1: failcnt {failed:?} as memory events max; host PSI shown: {host_psi}");
     }
 }
+
+/// `memwatch status --npd` run as node-problem-detector runs a custom
+/// plugin (deploy/npd/memwatch-monitor.json): its args, its timeout, its
+/// output limit; exit 0 while no worker is unhealthy, 1 once one is, with
+/// the reason on one line within `max_output_length`, 2 when the agent is
+/// gone.
+#[tokio::test]
+async fn npd_plugin_mode_reports_an_unhealthy_worker_within_npds_limits() {
+    if !kernel_tests_enabled("npd_plugin_mode_reports_an_unhealthy_worker_within_npds_limits") {
+        return;
+    }
+    let monitor: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            memwatch_tests::ops::repo().join("deploy/npd/memwatch-monitor.json"),
+        )
+        .expect("the shipped NPD config"),
+    )
+    .expect("NPD config JSON");
+    let rule = &monitor["rules"][0];
+    assert_eq!(rule["condition"], monitor["conditions"][0]["type"]);
+    let max = monitor["pluginConfig"]["max_output_length"]
+        .as_u64()
+        .unwrap() as usize;
+    let args: Vec<String> = rule["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    // As NPD invokes it, the socket path swapped for this agent's.
+    let at = args.iter().position(|a| a == "--socket").unwrap();
+    let worker = TestCgroup::create("npd");
+    let mut agent = Agent::start_with_config(&format!(
+        "sample_interval = \"100ms\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\nsoft_cap = \"40MiB\"\n\
+         unhealthy_after = \"1s\"\nrecover_after = \"1s\"\n",
+        worker.path_str()
+    ))
+    .await;
+    let mut invoke_args = args.clone();
+    invoke_args[at + 1] = agent.socket().to_str().unwrap().to_string();
+    let plugin = || {
+        let out = memwatch_tests::process::run_bounded(
+            "memwatch status --npd",
+            Command::new(workspace_bin("memwatch")).args(&invoke_args),
+            Duration::from_secs(10),
+        );
+        let line = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(line.lines().count(), 1, "one line: {line:?}");
+        assert!(line.trim_end().len() <= max, "{} bytes: {line}", line.len());
+        (out.status.code(), line.trim_end().to_string())
+    };
+    assert_eq!(plugin(), (Some(0), "memwatch: healthy".to_string()));
+
+    let _hog = hog_in(&worker, 80);
+    agent
+        .wait_for_event(Duration::from_secs(20), "worker_unhealthy", |e| {
+            e.body.kind == EventKind::WorkerUnhealthy && e.body.worker.as_deref() == Some("w1")
+        })
+        .await;
+    let (code, unhealthy) = plugin();
+    assert_eq!(code, Some(1), "{unhealthy}");
+    assert!(unhealthy.starts_with("memwatch unhealthy: "), "{unhealthy}");
+    assert!(unhealthy.contains("w1"), "{unhealthy}");
+
+    let _ = agent.stop();
+    let (code, gone) = plugin();
+    assert_eq!(code, Some(2), "{gone}");
+    assert!(gone.starts_with("memwatch unreachable"), "{gone}");
+    println!("NPD plugin: healthy → 0; unhealthy → 1 {unhealthy:?}; agent gone → 2 {gone:?}");
+}
+
+/// PSI triggers wake the sampler between its ticks: with sampling every
+/// 10 minutes, a worker held at `memory.high` (v2) still turns unhealthy by
+/// the pressure rule within seconds, as the kernel's trigger on its
+/// `memory.pressure` asks for each sample. On v1 (no per-cgroup PSI) the
+/// agent says the worker is read on the tick.
+#[tokio::test]
+async fn a_psi_trigger_wakes_the_sampler_between_ticks() {
+    if !kernel_tests_enabled("a_psi_trigger_wakes_the_sampler_between_ticks") {
+        return;
+    }
+    let worker = TestCgroup::create("psi-trigger");
+    let v2 = worker.path().join("memory.high").exists();
+    let agent = Agent::start_with_config(&format!(
+        "sample_interval = \"600s\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n\
+         soft_cap = \"1GiB\"\npressure_limit = 0.01\npressure_after = \"1s\"\n",
+        worker.path_str()
+    ))
+    .await;
+    if !v2 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !agent.log_text().contains("PSI trigger unavailable") {
+            assert!(
+                Instant::now() < deadline,
+                "the fallback named:\n{}",
+                agent.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("v1: no per-cgroup PSI; the worker is read on the tick (logged)");
+        return;
+    }
+    assert!(
+        agent.log_text().contains("PSI trigger armed"),
+        "{}",
+        agent.log_text()
+    );
+    std::fs::write(worker.path().join("memory.high"), (32 * MIB).to_string()).expect("memory.high");
+    let started = Instant::now();
+    let _hog = Guarded(
+        memhog_in(worker.path(), 64, 120)
+            .spawn()
+            .expect("spawn memhog"),
+    );
+    // Far below the 600 s tick, even scaled for an emulated VM.
+    let unhealthy = agent
+        .wait_for_event(
+            Duration::from_secs_f64(30.0 * time_scale()),
+            "worker_unhealthy",
+            |e| e.body.kind == EventKind::WorkerUnhealthy && e.body.worker.as_deref() == Some("w1"),
+        )
+        .await;
+    let reason = unhealthy.body.reason.clone().unwrap_or_default();
+    assert!(reason.contains("memory pressure"), "{unhealthy:?}");
+    println!(
+        "v2: unhealthy by PSI {:?} after the stall began, with the sampler ticking every 600 s: {reason}",
+        started.elapsed()
+    );
+}

@@ -128,6 +128,24 @@ pub(crate) fn host() -> Result<Pressure, PressureError> {
     read(Path::new(HOST_PRESSURE))
 }
 
+/// Arms a PSI trigger on a v2 cgroup's `memory.pressure`
+/// (Documentation/accounting/psi.rst): the kernel signals POLLPRI on the
+/// returned file (at most once a window) whenever some of the cgroup's
+/// tasks stalled on memory for `stall_us` within a `window_us` window.
+/// Needs write access to the file (a read-only cgroupfs, as the DaemonSet
+/// mounts it, refuses: EROFS); a v1 cgroup has none (ENOENT).
+pub(crate) fn memory_trigger(cgroup: &Path, stall_us: u64, window_us: u64) -> io::Result<fs::File> {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(cgroup.join("memory.pressure"))?;
+    // The kernel parses the whole write, NUL included (psi.rst's example).
+    file.write_all(format!("some {stall_us} {window_us}\0").as_bytes())?;
+    Ok(file)
+}
+
 /// A v2 cgroup's `memory.pressure` (a v1 memory cgroup has none).
 pub(crate) fn of_cgroup(cgroup: &Path) -> Result<Pressure, PressureError> {
     read(&cgroup.join("memory.pressure"))

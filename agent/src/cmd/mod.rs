@@ -127,8 +127,13 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub agent: AgentArgs,
     /// The agent's status as JSON (`GET /v1/status`), for scripts.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "npd")]
     pub json: bool,
+    /// node-problem-detector's custom-plugin protocol: one line of at most
+    /// 80 bytes, exit 0 when no worker is unhealthy, 1 when one is, 2 when
+    /// the agent cannot be asked (deploy/npd/memwatch-monitor.json).
+    #[arg(long)]
+    pub npd: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -262,6 +267,7 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
             report(run::run(config).await)
         }
         Command::Events(args) => report(events::run(&args).await),
+        Command::Status(args) if args.npd => ExitCode::from(status::npd(&args).await),
         Command::Status(args) => match status::run(&args).await {
             Ok(verdict) => ExitCode::from(status::exit_code(verdict)),
             Err(error) => {

@@ -38,6 +38,55 @@ pub(crate) fn exit_code(verdict: Health) -> u8 {
 /// also clap's code for bad flags.
 pub(crate) const EXIT_UNREACHABLE: u8 = 2;
 
+/// What node-problem-detector keeps of a plugin's output by default
+/// (`max_output_length`): the line is cut here, by us, on a character.
+pub(crate) const NPD_MAX_OUTPUT: usize = 80;
+
+/// `memwatch status --npd`: node-problem-detector's custom-plugin
+/// protocol. Prints one line and returns the exit code: 0 OK (healthy, or
+/// degraded: the agent's own trouble is no node problem), 1 problem (a
+/// worker is unhealthy), 2 unknown (the agent could not be asked). Only
+/// `/health` is read: no token needed.
+pub(crate) async fn npd(args: &StatusArgs) -> u8 {
+    let health = match AgentClient::new(&args.agent) {
+        Ok(client) => client.health().await,
+        Err(error) => Err(error),
+    };
+    let (code, line) = match health {
+        Ok(health) => npd_verdict(&health),
+        Err(error) => (EXIT_UNREACHABLE, format!("memwatch unreachable: {error:#}")),
+    };
+    println!("{}", one_line(&line, NPD_MAX_OUTPUT));
+    code
+}
+
+/// The exit code and message for node-problem-detector.
+fn npd_verdict(health: &HealthBody) -> (u8, String) {
+    let reasons = health.reasons.join("; ");
+    match health.status {
+        Health::Healthy => (0, "memwatch: healthy".to_string()),
+        Health::Degraded => (0, format!("memwatch degraded: {reasons}")),
+        Health::Unhealthy => (1, format!("memwatch unhealthy: {reasons}")),
+    }
+}
+
+/// `text` on one line (control characters as spaces), cut to `max` bytes
+/// on a character boundary, `...` marking a cut.
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.len() <= max {
+        return flat;
+    }
+    let mut end = max.saturating_sub(3);
+    while !flat.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &flat[..end])
+}
+
 fn render(health: &HealthBody, workers: &[WorkerView], tasks: &[TaskView]) -> String {
     let mut out = String::new();
     let status = format!("{:?}", health.status).to_lowercase();
@@ -127,6 +176,45 @@ mod tests {
             text.contains("w1               unhealthy     300.0 MiB    300.0 MiB    200.0 MiB"),
             "{text}"
         );
+    }
+}
+
+#[cfg(test)]
+mod npd_tests {
+    use super::*;
+
+    fn body(status: Health, reasons: &[&str]) -> HealthBody {
+        HealthBody {
+            status,
+            reasons: reasons.iter().map(|r| r.to_string()).collect(),
+            workers: Vec::new(),
+            source: None,
+            attach: None,
+        }
+    }
+
+    #[test]
+    fn only_an_unhealthy_worker_is_a_node_problem() {
+        assert_eq!(
+            npd_verdict(&body(Health::Healthy, &[])),
+            (0, "memwatch: healthy".to_string())
+        );
+        assert_eq!(npd_verdict(&body(Health::Degraded, &["ring full"])).0, 0);
+        let (code, line) = npd_verdict(&body(Health::Unhealthy, &["worker w1: over", "b"]));
+        assert_eq!(
+            (code, line.as_str()),
+            (1, "memwatch unhealthy: worker w1: over; b")
+        );
+    }
+
+    #[test]
+    fn the_line_fits_npds_limit_on_a_character() {
+        let long = format!("memwatch unhealthy: {}\nnext", "é".repeat(100));
+        let line = one_line(&long, NPD_MAX_OUTPUT);
+        assert!(line.len() <= NPD_MAX_OUTPUT, "{} bytes", line.len());
+        assert!(line.ends_with("..."), "{line}");
+        assert!(!line.contains('\n'));
+        assert_eq!(one_line("a\nb", 80), "a b");
     }
 }
 

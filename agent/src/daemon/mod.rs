@@ -10,6 +10,7 @@ mod kernel_caps;
 mod kernel_figures;
 pub(crate) mod monitor;
 pub(crate) mod pipeline;
+mod psi_triggers;
 pub(crate) mod reconcile;
 pub(crate) mod sampler;
 mod source;
@@ -339,9 +340,11 @@ impl Daemon {
         let beat = self
             .liveness
             .register("sampler", self.config.sample_interval);
+        let triggers = psi_triggers::arm(&all_workers(&self.config));
         source.sampling = Some(tokio::spawn(sample_forever(
             self.monitor.clone(),
             self.config.sample_interval,
+            triggers,
             beat,
         )));
         self.source = Some(source);
@@ -457,18 +460,26 @@ fn all_workers(config: &Config) -> Arc<[WorkerSpec]> {
     }
 }
 
-/// Reads worker and task memory every `interval` and runs the checks. The
-/// file reads block, so each round runs on the blocking pool; a slow round
-/// delays the next instead of piling up.
-async fn sample_forever(monitor: Arc<Monitor>, interval: Duration, beat: Beat) {
+/// Reads worker and task memory every `interval`, and at once when the
+/// kernel says so (a soft cap crossed, a PSI trigger of `triggers`), and
+/// runs the checks. The file reads block, so each round runs on the
+/// blocking pool; a slow round delays the next instead of piling up.
+async fn sample_forever(
+    monitor: Arc<Monitor>,
+    interval: Duration,
+    triggers: Vec<(String, std::fs::File)>,
+    beat: Beat,
+) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let now = monitor.sample_now();
+    // Dropped (their tasks aborted) with this future.
+    let _triggers = psi_triggers::spawn(triggers, now.clone());
     loop {
         beat.beat();
         tokio::select! {
             _ = ticker.tick() => {}
-            // A cap crossed in the kernel: look now.
+            // A cap crossed in the kernel, or a PSI trigger: look now.
             _ = now.notified() => {}
         }
         let monitor = monitor.clone();
