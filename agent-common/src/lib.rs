@@ -195,6 +195,61 @@ pub mod programs {
         raw: "growth_floor_btf",
     };
     pub const ALL: [AttachPoint; 4] = [OOM_MARK_VICTIM, CGROUP_MKDIR, CGROUP_RMDIR, GROWTH];
+
+    /// The programs that log (`--probe-log`), twins of the ones above with
+    /// `_log` appended: the same code plus its aya-log statements. Loading
+    /// the plain ones when the switch is off leaves no trace of logging in
+    /// the kernel.
+    const LOGGED: [(&str, AttachPoint); 5] = [
+        (
+            OOM_MARK_VICTIM.btf,
+            AttachPoint {
+                tracepoint: "mark_victim",
+                btf: "oom_mark_victim_btf_log",
+                raw: "oom_mark_victim_raw_log",
+            },
+        ),
+        (
+            OOM_MARK_VICTIM_PID.btf,
+            AttachPoint {
+                tracepoint: "mark_victim",
+                btf: "oom_mark_victim_pid_btf_log",
+                raw: "oom_mark_victim_pid_raw_log",
+            },
+        ),
+        (
+            OOM_MARK_VICTIM_AS_PID.btf,
+            AttachPoint {
+                tracepoint: "mark_victim",
+                btf: "oom_mark_victim_as_pid_btf_log",
+                raw: "oom_mark_victim_as_pid_btf_log",
+            },
+        ),
+        (
+            CGROUP_MKDIR.btf,
+            AttachPoint {
+                tracepoint: "cgroup_mkdir",
+                btf: "cgroup_mkdir_btf_log",
+                raw: "cgroup_mkdir_raw_log",
+            },
+        ),
+        (
+            CGROUP_RMDIR.btf,
+            AttachPoint {
+                tracepoint: "cgroup_rmdir",
+                btf: "cgroup_rmdir_btf_log",
+                raw: "cgroup_rmdir_raw_log",
+            },
+        ),
+    ];
+
+    /// `point`'s logging twin, or `point` itself when it does not log.
+    pub fn logged(point: AttachPoint) -> AttachPoint {
+        LOGGED
+            .iter()
+            .find(|(plain, _)| *plain == point.btf)
+            .map_or(point, |(_, twin)| *twin)
+    }
 }
 
 /// What a ring-buffer record is: the first `u32` of every record.

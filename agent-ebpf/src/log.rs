@@ -1,12 +1,10 @@
 //! Field debugging of the programs (`memwatch run --probe-log`): aya-log
 //! records, read by the agent and written to its log (target
-//! `agent_ebpf`). Off unless asked: the agent sets aya-log's level global
-//! (`AYA_LOG_LEVEL`, read-only) to 0 at load, so the verifier sees every
-//! log statement's branch as never taken and removes its body; only the
-//! level check stays (6 instructions for a cgroup program's statement, 7
-//! for the OOM program's two). tests/kernel/probe_log.rs measures that
-//! against a build without the `log` feature (no log statement at all) by
-//! the programs' instruction counts after the verifier.
+//! `agent_ebpf`). The programs that log are twins of the plain ones
+//! (`_log` appended, a `const LOG: bool` of the same entry code), and the
+//! agent loads them only when asked: off, the kernel holds no logging code
+//! at all. tests/kernel/probe_log.rs shows it by the programs' instruction
+//! counts after the verifier, against a build without the `log` feature.
 
 #[cfg(feature = "log")]
 use aya_ebpf::EbpfContext;

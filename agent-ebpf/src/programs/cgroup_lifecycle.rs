@@ -8,6 +8,7 @@
 
 use agent_common::{CgroupRecord, ProbeCounter, RecordKind, result};
 use aya_ebpf::{
+    EbpfContext,
     helpers::{bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes},
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
@@ -20,29 +21,58 @@ use crate::{
 
 #[btf_tracepoint(function = "cgroup_mkdir")]
 pub fn cgroup_mkdir_btf(ctx: BtfTracePointContext) -> i32 {
-    let result = try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1));
-    log::cgroup_record(&ctx, &result);
-    ret(result)
+    record::<false, _>(&ctx, RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1))
+}
+
+#[btf_tracepoint(function = "cgroup_mkdir")]
+pub fn cgroup_mkdir_btf_log(ctx: BtfTracePointContext) -> i32 {
+    record::<true, _>(&ctx, RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1))
 }
 
 #[raw_tracepoint(tracepoint = "cgroup_mkdir")]
 pub fn cgroup_mkdir_raw(ctx: RawTracePointContext) -> i32 {
-    let result = try_record(RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1));
-    log::cgroup_record(&ctx, &result);
-    ret(result)
+    record::<false, _>(&ctx, RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1))
+}
+
+#[raw_tracepoint(tracepoint = "cgroup_mkdir")]
+pub fn cgroup_mkdir_raw_log(ctx: RawTracePointContext) -> i32 {
+    record::<true, _>(&ctx, RecordKind::CgroupMkdir, ctx.arg(0), ctx.arg(1))
 }
 
 #[btf_tracepoint(function = "cgroup_rmdir")]
 pub fn cgroup_rmdir_btf(ctx: BtfTracePointContext) -> i32 {
-    let result = try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1));
-    log::cgroup_record(&ctx, &result);
-    ret(result)
+    record::<false, _>(&ctx, RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1))
+}
+
+#[btf_tracepoint(function = "cgroup_rmdir")]
+pub fn cgroup_rmdir_btf_log(ctx: BtfTracePointContext) -> i32 {
+    record::<true, _>(&ctx, RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1))
 }
 
 #[raw_tracepoint(tracepoint = "cgroup_rmdir")]
 pub fn cgroup_rmdir_raw(ctx: RawTracePointContext) -> i32 {
-    let result = try_record(RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1));
-    log::cgroup_record(&ctx, &result);
+    record::<false, _>(&ctx, RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1))
+}
+
+#[raw_tracepoint(tracepoint = "cgroup_rmdir")]
+pub fn cgroup_rmdir_raw_log(ctx: RawTracePointContext) -> i32 {
+    record::<true, _>(&ctx, RecordKind::CgroupRmdir, ctx.arg(0), ctx.arg(1))
+}
+
+/// A program's run: the record, and with `LOG` (the `_log` twins, loaded
+/// under `--probe-log`) what became of it in the log. Without `LOG` no
+/// logging code is compiled in at all.
+#[inline(always)]
+fn record<const LOG: bool, C: EbpfContext>(
+    ctx: &C,
+    kind: RecordKind,
+    cgroup: *const u8,
+    path: *const u8,
+) -> i32 {
+    let result = try_record(kind, cgroup, path);
+    if LOG {
+        log::cgroup_record(ctx, &result);
+    }
     ret(result)
 }
 

@@ -9,6 +9,7 @@
 
 use agent_common::{COMM_LEN, KernelOffsets, OomVictimEvent, ProbeCounter, RecordKind, result};
 use aya_ebpf::{
+    EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns},
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
@@ -21,34 +22,46 @@ use crate::{
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
-    let task: *const u8 = ctx.arg(0);
-    let result = try_mark_victim(task);
-    log::oom_victim(&ctx, &result);
-    ret(result.map(|_| ()))
+    mark_victim::<false, _>(&ctx, ctx.arg(0))
 }
 
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_mark_victim_raw(ctx: RawTracePointContext) -> i32 {
-    let task: *const u8 = ctx.arg(0);
-    let result = try_mark_victim(task);
-    log::oom_victim(&ctx, &result);
-    ret(result.map(|_| ()))
+    mark_victim::<false, _>(&ctx, ctx.arg(0))
+}
+
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_mark_victim_btf_log(ctx: BtfTracePointContext) -> i32 {
+    mark_victim::<true, _>(&ctx, ctx.arg(0))
+}
+
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn oom_mark_victim_raw_log(ctx: RawTracePointContext) -> i32 {
+    mark_victim::<true, _>(&ctx, ctx.arg(0))
 }
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_pid_btf(ctx: BtfTracePointContext) -> i32 {
     let pid: u64 = ctx.arg(0);
-    let result = try_mark_victim_pid(pid as u32);
-    log::oom_victim_pid(&ctx, pid as u32, &result);
-    ret(result)
+    mark_victim_pid::<false, _>(&ctx, pid as u32)
 }
 
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_mark_victim_pid_raw(ctx: RawTracePointContext) -> i32 {
     let pid: u64 = ctx.arg(0);
-    let result = try_mark_victim_pid(pid as u32);
-    log::oom_victim_pid(&ctx, pid as u32, &result);
-    ret(result)
+    mark_victim_pid::<false, _>(&ctx, pid as u32)
+}
+
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_mark_victim_pid_btf_log(ctx: BtfTracePointContext) -> i32 {
+    let pid: u64 = ctx.arg(0);
+    mark_victim_pid::<true, _>(&ctx, pid as u32)
+}
+
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn oom_mark_victim_pid_raw_log(ctx: RawTracePointContext) -> i32 {
+    let pid: u64 = ctx.arg(0);
+    mark_victim_pid::<true, _>(&ctx, pid as u32)
 }
 
 /// Tests only (`memwatch run --probe-oom-by-pid`): this kernel passes the
@@ -59,13 +72,41 @@ pub fn oom_mark_victim_as_pid_btf(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let off = OFFSETS.load();
     match read::<i32>(task, off.task_pid) {
-        Ok(pid) => {
-            let result = try_mark_victim_pid(pid as u32);
-            log::oom_victim_pid(&ctx, pid as u32, &result);
-            ret(result)
-        }
+        Ok(pid) => mark_victim_pid::<false, _>(&ctx, pid as u32),
         Err(code) => code,
     }
+}
+
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_mark_victim_as_pid_btf_log(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    let off = OFFSETS.load();
+    match read::<i32>(task, off.task_pid) {
+        Ok(pid) => mark_victim_pid::<true, _>(&ctx, pid as u32),
+        Err(code) => code,
+    }
+}
+
+/// A run on the victim's task; with `LOG` (the `_log` twins, loaded under
+/// `--probe-log`) what became of it in the log. Without `LOG` no logging
+/// code is compiled in at all.
+#[inline(always)]
+fn mark_victim<const LOG: bool, C: EbpfContext>(ctx: &C, task: *const u8) -> i32 {
+    let result = try_mark_victim(task);
+    if LOG {
+        log::oom_victim(ctx, &result);
+    }
+    ret(result.map(|_| ()))
+}
+
+/// A run on the victim's pid (Linux < 6.2), logged as [`mark_victim`].
+#[inline(always)]
+fn mark_victim_pid<const LOG: bool, C: EbpfContext>(ctx: &C, pid: u32) -> i32 {
+    let result = try_mark_victim_pid(pid);
+    if LOG {
+        log::oom_victim_pid(ctx, pid, &result);
+    }
+    ret(result)
 }
 
 /// Linux < 6.2: the victim's task from the SIGKILL sent to this pid, when

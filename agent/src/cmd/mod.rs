@@ -192,7 +192,7 @@ pub struct RunArgs {
     pub probe_oom_ring_bytes: Option<u32>,
     /// The eBPF programs' own log records (aya-log) in the agent's log, for
     /// field debugging [default: `probe_log` of the config file, else off].
-    /// Off, the verifier removes every log statement but its level check.
+    /// Off, the plain programs are loaded: no logging code, no cost.
     #[arg(long, env = "MEMWATCH_PROBE_LOG")]
     pub probe_log: bool,
     /// Event source: `auto` (eBPF, else polling the cgroup files), `ebpf`, `poll`.

@@ -80,8 +80,8 @@ pub struct Config {
     /// times as metrics; ~20 ns per program run).
     pub bpf_stats: bool,
     /// The eBPF programs' own log records (aya-log) in the agent's log, for
-    /// field debugging (`--probe-log`). Off, the verifier removes them but
-    /// for their level checks.
+    /// field debugging (`--probe-log`): the programs' logging twins are
+    /// loaded. Off, the plain ones: no logging code in the kernel.
     pub probe_log: bool,
     /// The `admin` scope's bearer token (every route), when set.
     pub api_token: Option<String>,

@@ -166,8 +166,9 @@ pub(crate) struct ProbeOptions {
     /// [`agent_common::OOM_RING_BYTES`] (a power of two, whole pages), small
     /// enough for a test to overflow it.
     pub oom_ring_bytes: Option<u32>,
-    /// The programs' aya-log records in the agent's log (`--probe-log`).
-    /// Off, the verifier removes every log statement but its level check.
+    /// The programs' aya-log records in the agent's log (`--probe-log`):
+    /// the `_log` twins are loaded. Off, the plain programs, which hold no
+    /// logging code.
     pub log: bool,
     /// Tests only (`doctor --probe-object`): load this object file instead
     /// of the programs built in (a build without the `log` feature, to
@@ -283,12 +284,9 @@ impl EbpfProbe {
             loader.map_max_entries(maps::OOM_EVENTS, bytes);
         }
         if !options.log {
-            // Level 0: every log statement is a branch the verifier knows
-            // is never taken (the level is read-only), and removes; the
+            // The plain programs are loaded (no logging code in them): the
             // records' ring, never written, shrinks to one page.
-            loader
-                .override_global(aya_log::LEVEL, &0u8, false)
-                .map_max_entries(LOG_RING, procfs::page_size() as u32);
+            loader.map_max_entries(LOG_RING, procfs::page_size() as u32);
         }
         let loaded = match &options.object {
             Some(path) => loader.load_file(path),
@@ -311,7 +309,8 @@ impl EbpfProbe {
                 Growth::Off
             }
         };
-        let (attach, attached) = attach_all(&mut ebpf, &aya_btf, victim_form, growth_hook)?;
+        let (attach, attached) =
+            attach_all(&mut ebpf, &aya_btf, victim_form, growth_hook, options.log)?;
         let counters = take_map(&mut ebpf, maps::PROBE_COUNTERS, PerCpuArray::try_from)?;
         let (fast_path, watched) = if growth_unavailable.is_none() {
             let fast = take_map(&mut ebpf, maps::FAST_PATH, PerCpuArray::try_from)?;
@@ -560,11 +559,17 @@ fn attach_all(
     aya_btf: &Result<aya::Btf, String>,
     victim_form: VictimForm,
     growth: Growth,
+    log: bool,
 ) -> Result<(AttachKind, Vec<AttachedHook>), ProbeError> {
     let mut attach = AttachKind::BtfTracePoint;
     let mut attached = Vec::new();
     for hook in hooks::plan(victim_form, growth) {
-        let kind = attach_point(ebpf, aya_btf, hook.point)?;
+        // `--probe-log`: the twin that logs; else the plain program.
+        let point = match log {
+            true => agent_common::programs::logged(hook.point),
+            false => hook.point,
+        };
+        let kind = attach_point(ebpf, aya_btf, point)?;
         info!(
             tracepoint = hook.label,
             attach = kind.as_str(),
