@@ -69,20 +69,20 @@ pub fn oom_mark_victim_pid_raw_log(ctx: RawTracePointContext) -> i32 {
 /// kernels that pass nothing else (< 6.2), so that path runs for real here.
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_as_pid_btf(ctx: BtfTracePointContext) -> i32 {
-    let task: *const u8 = ctx.arg(0);
-    let off = OFFSETS.load();
-    match read::<i32>(task, off.task_pid) {
-        Ok(pid) => mark_victim_pid::<false, _>(&ctx, pid as u32),
-        Err(code) => code,
-    }
+    mark_victim_as_pid::<false, _>(&ctx, ctx.arg(0))
 }
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_as_pid_btf_log(ctx: BtfTracePointContext) -> i32 {
-    let task: *const u8 = ctx.arg(0);
-    let off = OFFSETS.load();
-    match read::<i32>(task, off.task_pid) {
-        Ok(pid) => mark_victim_pid::<true, _>(&ctx, pid as u32),
+    mark_victim_as_pid::<true, _>(&ctx, ctx.arg(0))
+}
+
+/// The tests' path: only the task's pid is taken, then as
+/// [`mark_victim_pid`].
+#[inline(always)]
+fn mark_victim_as_pid<const LOG: bool, C: EbpfContext>(ctx: &C, task: *const u8) -> i32 {
+    match read::<i32>(task, OFFSETS.load().task_pid) {
+        Ok(pid) => mark_victim_pid::<LOG, C>(ctx, pid as u32),
         Err(code) => code,
     }
 }
