@@ -9,7 +9,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, OnceLock},
 };
 
-use tokio::sync::Notify;
+use tokio::{sync::Notify, time::Instant};
 
 use crate::probe::{GrowthLine, KernelWatch, Line};
 
@@ -26,8 +26,16 @@ pub(crate) struct KernelCaps {
 struct Held {
     /// Cgroup id by key.
     ids: HashMap<String, u64>,
-    /// The kernel's usage of a watched cgroup at its last line, by id.
-    usage: HashMap<u64, u64>,
+    /// By id of a watched cgroup: how many keys watch it, and its last line.
+    watched: HashMap<u64, Watched>,
+}
+
+#[derive(Default)]
+struct Watched {
+    keys: usize,
+    /// The kernel's usage at its last line, when it came, and whether it
+    /// left the cgroup above its cap.
+    last: Option<(u64, Instant, bool)>,
 }
 
 impl KernelCaps {
@@ -46,7 +54,11 @@ impl KernelCaps {
             return;
         };
         watch.set_cap(meta.ino(), Some(cap));
-        self.held().ids.insert(key.to_string(), meta.ino());
+        let mut held = self.held();
+        if let Some(old) = held.ids.insert(key.to_string(), meta.ino()) {
+            held.unwatch(old);
+        }
+        held.watched.entry(meta.ino()).or_default().keys += 1;
     }
 
     /// Takes `key`'s cap back from the kernel.
@@ -55,7 +67,7 @@ impl KernelCaps {
             let mut held = self.held();
             let id = held.ids.remove(key);
             if let Some(id) = id {
-                held.usage.remove(&id);
+                held.unwatch(id);
             }
             id
         };
@@ -73,11 +85,14 @@ impl KernelCaps {
     /// cgroup; a cap crossing (up or down) wakes the sampling loop, so the
     /// checks run within milliseconds instead of at the next tick.
     pub(crate) fn line(&self, line: &GrowthLine) {
-        {
-            let mut held = self.held();
-            if held.ids.values().any(|id| *id == line.memcg_id) {
-                held.usage.insert(line.memcg_id, line.usage_bytes);
-            }
+        if let Some(watched) = self.held().watched.get_mut(&line.memcg_id) {
+            let above = match (line.line, line.cap_bytes) {
+                (Line::AboveCap, _) => true,
+                (Line::BelowCap, _) => false,
+                (Line::Step, Some(cap)) => line.usage_bytes > cap,
+                (Line::Step, None) => false,
+            };
+            watched.last = Some((line.usage_bytes, Instant::now(), above));
         }
         if matches!(line.line, Line::AboveCap | Line::BelowCap) {
             self.sample_now.notify_one();
@@ -88,6 +103,92 @@ impl KernelCaps {
     pub(crate) fn usage_of(&self, key: &str) -> Option<u64> {
         let held = self.held();
         let id = held.ids.get(key)?;
-        held.usage.get(id).copied()
+        held.watched.get(id)?.last.map(|(usage, _, _)| usage)
+    }
+
+    /// Whether the kernel holds `key`'s cap and has said nothing of its
+    /// cgroup since `since` but that it is below the cap: its memory
+    /// moved less than a growth step and crossed no cap meanwhile.
+    pub(crate) fn quiet_since(&self, key: &str, since: Instant) -> bool {
+        if self.watch.get().is_none() {
+            return false;
+        }
+        let held = self.held();
+        let Some(watched) = held.ids.get(key).and_then(|id| held.watched.get(id)) else {
+            return false;
+        };
+        match watched.last {
+            None => true,
+            Some((_, at, above)) => at <= since && !above,
+        }
+    }
+}
+
+impl Held {
+    fn unwatch(&mut self, id: u64) {
+        if let Some(watched) = self.watched.get_mut(&id) {
+            watched.keys = watched.keys.saturating_sub(1);
+            if watched.keys == 0 {
+                self.watched.remove(&id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::Utc;
+
+    use super::*;
+
+    struct NoMap;
+
+    impl KernelWatch for NoMap {
+        fn set_cap(&self, _: u64, _: Option<u64>) {}
+    }
+
+    fn line(memcg_id: u64, line: Line, usage_bytes: u64) -> GrowthLine {
+        GrowthLine {
+            time: Utc::now(),
+            memcg_id,
+            line,
+            usage_bytes,
+            cap_bytes: Some(100),
+        }
+    }
+
+    /// Quiet since a moment: the kernel holds the cap and sent no line
+    /// after it, and its last line left the cgroup below the cap.
+    #[tokio::test(start_paused = true)]
+    async fn quiet_means_no_line_since_and_below_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = KernelCaps::default();
+        caps.push("t", dir.path(), 100);
+        assert!(
+            !caps.quiet_since("t", Instant::now()),
+            "no probe: never quiet"
+        );
+        caps.attach(Arc::new(NoMap));
+        caps.push("t", dir.path(), 100);
+        let id = std::fs::metadata(dir.path()).unwrap().ino();
+        let read = Instant::now();
+        assert!(caps.quiet_since("t", read), "held, nothing said yet");
+        assert!(!caps.quiet_since("other", read), "not held");
+        tokio::time::advance(Duration::from_millis(5)).await;
+        caps.line(&line(id, Line::Step, 50));
+        assert!(!caps.quiet_since("t", read), "a step after the last read");
+        assert!(caps.quiet_since("t", Instant::now()), "read again after it");
+        caps.line(&line(id, Line::AboveCap, 120));
+        tokio::time::advance(Duration::from_millis(5)).await;
+        assert!(!caps.quiet_since("t", Instant::now()), "above its cap");
+        caps.line(&line(id, Line::BelowCap, 90));
+        tokio::time::advance(Duration::from_millis(5)).await;
+        assert!(caps.quiet_since("t", Instant::now()));
+        assert_eq!(caps.usage_of("t"), Some(90));
+        caps.remove("t");
+        assert!(!caps.quiet_since("t", Instant::now()), "taken back");
+        assert_eq!(caps.usage_of("t"), None);
     }
 }

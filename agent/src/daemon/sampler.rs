@@ -24,6 +24,13 @@ use crate::{
 /// Reads memory figures; a trait so the agent loop can be tested with fakes.
 pub(crate) trait MemoryReader: Send + Sync {
     fn read(&self, source: &MemorySource) -> io::Result<u64>;
+    /// Reads many sources at once (by default one by one).
+    fn read_many(&self, sources: &[(String, MemorySource)]) -> Vec<(String, io::Result<u64>)> {
+        sources
+            .iter()
+            .map(|(name, source)| (name.clone(), self.read(source)))
+            .collect()
+    }
     /// The cgroup's own soft cap: v2 `memory.high`, v1 `memory.soft_limit_in_bytes`.
     fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64>;
     /// The host's memory PSI (`/proc/pressure/memory`); `None` without PSI.
@@ -54,13 +61,40 @@ impl MemoryReader for SystemReader {
     fn read(&self, source: &MemorySource) -> io::Result<u64> {
         match source {
             MemorySource::Cgroup(path) => memory::working_set(path),
-            MemorySource::Pid(pid) => processes_rss(|p| p.pid == *pid as i32),
-            MemorySource::Process(text) => {
-                let me = std::process::id() as i32;
-                processes_rss(|p| p.pid != me && p.cmdline.contains(text.as_str()))
-            }
+            MemorySource::Pid(pid) => match subtree_rss(*pid as i32)? {
+                Some(bytes) => Ok(bytes),
+                None => ProcessTable::load(false)?.rss(source),
+            },
+            MemorySource::Process(_) => ProcessTable::load(true)?.rss(source),
             MemorySource::Host => host_used(),
         }
+    }
+
+    /// Pid and process sources share one walk of /proc when there are
+    /// several (a tick): the walk costs the same for one as for a thousand.
+    fn read_many(&self, sources: &[(String, MemorySource)]) -> Vec<(String, io::Result<u64>)> {
+        let by_process =
+            |s: &MemorySource| matches!(s, MemorySource::Pid(_) | MemorySource::Process(_));
+        let walked = sources.iter().filter(|(_, s)| by_process(s)).count();
+        let table = (walked > 1).then(|| {
+            let cmdline = sources
+                .iter()
+                .any(|(_, s)| matches!(s, MemorySource::Process(_)));
+            ProcessTable::load(cmdline)
+        });
+        sources
+            .iter()
+            .map(|(name, source)| {
+                let bytes = match &table {
+                    Some(Ok(table)) if by_process(source) => table.rss(source),
+                    Some(Err(error)) if by_process(source) => {
+                        Err(io::Error::new(error.kind(), error.to_string()))
+                    }
+                    _ => self.read(source),
+                };
+                (name.clone(), bytes)
+            })
+            .collect()
     }
 
     fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64> {
@@ -88,11 +122,13 @@ pub(crate) fn sample(
     tasks: &[(String, MemorySource)],
 ) -> Sample {
     let read = |list: &[(String, MemorySource)]| -> HashMap<String, u64> {
-        list.iter()
-            .filter_map(|(name, source)| match reader.read(source) {
-                Ok(bytes) => Some((name.clone(), bytes)),
+        reader
+            .read_many(list)
+            .into_iter()
+            .filter_map(|(name, read)| match read {
+                Ok(bytes) => Some((name, bytes)),
                 Err(error) => {
-                    tracing::debug!(%name, ?source, %error, "memory not readable");
+                    tracing::debug!(%name, %error, "memory not readable");
                     None
                 }
             })
@@ -133,45 +169,128 @@ struct Proc {
     cmdline: String,
 }
 
-/// Resident memory of the processes matching `root` and all their descendants.
-fn processes_rss(root: impl Fn(&Proc) -> bool) -> io::Result<u64> {
-    let procs: Vec<Proc> = procfs::process::all_processes()
-        .map_err(io::Error::other)?
-        .flatten()
-        .filter_map(|p| {
-            let stat = p.stat().ok()?;
-            Some(Proc {
-                pid: stat.pid,
-                ppid: stat.ppid,
-                rss_pages: stat.rss,
-                cmdline: p.cmdline().map(|c| c.join(" ")).unwrap_or_default(),
+/// Every process at one moment: one walk of /proc.
+struct ProcessTable {
+    procs: Vec<Proc>,
+    /// Indices into `procs` by parent pid.
+    children: HashMap<i32, Vec<usize>>,
+}
+
+impl ProcessTable {
+    /// Reads every process's stat (and command line, when asked).
+    fn load(cmdline: bool) -> io::Result<Self> {
+        let procs: Vec<Proc> = procfs::process::all_processes()
+            .map_err(io::Error::other)?
+            .flatten()
+            .filter_map(|p| {
+                let stat = p.stat().ok()?;
+                Some(Proc {
+                    pid: stat.pid,
+                    ppid: stat.ppid,
+                    rss_pages: stat.rss,
+                    cmdline: if cmdline {
+                        p.cmdline().map(|c| c.join(" ")).unwrap_or_default()
+                    } else {
+                        String::new()
+                    },
+                })
             })
-        })
-        .collect();
-    let mut members: HashSet<i32> = procs.iter().filter(|p| root(p)).map(|p| p.pid).collect();
-    if members.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::NotFound, "no such process"));
-    }
-    // Add descendants until nothing changes (bounded by the process count).
-    loop {
-        let before = members.len();
-        members.extend(
-            procs
-                .iter()
-                .filter(|p| members.contains(&p.ppid))
-                .map(|p| p.pid)
-                .collect::<Vec<_>>(),
-        );
-        if members.len() == before {
-            break;
+            .collect();
+        let mut children: HashMap<i32, Vec<usize>> = HashMap::new();
+        for (i, p) in procs.iter().enumerate() {
+            children.entry(p.ppid).or_default().push(i);
         }
+        Ok(Self { procs, children })
+    }
+
+    /// Resident memory of a pid or process source: the processes it
+    /// names and all their descendants.
+    fn rss(&self, source: &MemorySource) -> io::Result<u64> {
+        let me = std::process::id() as i32;
+        let roots: Vec<usize> = match source {
+            MemorySource::Pid(pid) => self
+                .procs
+                .iter()
+                .position(|p| p.pid == *pid as i32)
+                .into_iter()
+                .collect(),
+            MemorySource::Process(text) => (0..self.procs.len())
+                .filter(|&i| {
+                    let p = &self.procs[i];
+                    p.pid != me && p.cmdline.contains(text.as_str())
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if roots.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "no such process"));
+        }
+        let mut members: HashSet<usize> = HashSet::new();
+        let mut stack = roots;
+        while let Some(i) = stack.pop() {
+            if members.insert(i) {
+                stack.extend(self.children.get(&self.procs[i].pid).into_iter().flatten());
+            }
+        }
+        let page = procfs::page_size();
+        Ok(members
+            .iter()
+            .map(|&i| self.procs[i].rss_pages * page)
+            .sum())
+    }
+}
+
+/// Whether this kernel lists each thread's children
+/// (`/proc/<pid>/task/<tid>/children`, CONFIG_PROC_CHILDREN).
+fn children_files() -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| {
+        let me = std::process::id();
+        Path::new(&format!("/proc/{me}/task/{me}/children")).exists()
+    })
+}
+
+/// Processes followed below one pid at most (a fork bomb stays bounded).
+const MAX_SUBTREE: usize = 65_536;
+
+/// Resident memory of `pid` and its descendants, read from the children
+/// lists of its threads: the files of that tree only, not of every
+/// process. `None` when the kernel keeps no such lists.
+fn subtree_rss(pid: i32) -> io::Result<Option<u64>> {
+    if !children_files() {
+        return Ok(None);
     }
     let page = procfs::page_size();
-    Ok(procs
-        .iter()
-        .filter(|p| members.contains(&p.pid))
-        .map(|p| p.rss_pages * page)
-        .sum())
+    let mut total = 0;
+    let mut stack = vec![pid];
+    let mut seen = HashSet::new();
+    while let Some(p) = stack.pop() {
+        if seen.len() >= MAX_SUBTREE || !seen.insert(p) {
+            continue;
+        }
+        let stat = procfs::process::Process::new(p).and_then(|proc| proc.stat());
+        let stat = match stat {
+            Ok(stat) => stat,
+            Err(_) if p == pid => {
+                return Err(io::Error::new(io::ErrorKind::NotFound, "no such process"));
+            }
+            // A child that ended meanwhile.
+            Err(_) => continue,
+        };
+        total += stat.rss * page;
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for thread in threads.flatten() {
+            if let Ok(list) = std::fs::read_to_string(thread.path().join("children")) {
+                stack.extend(
+                    list.split_whitespace()
+                        .filter_map(|c| c.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    Ok(Some(total))
 }
 
 fn host_used() -> io::Result<u64> {
@@ -195,6 +314,66 @@ mod tests {
         let gone = SystemReader.read(&MemorySource::Pid(u32::MAX / 2));
         assert_eq!(gone.unwrap_err().kind(), io::ErrorKind::NotFound);
     }
+
+    /// A shell with two children: its tree read from the children lists
+    /// (one registration) is what one walk of /proc finds (a tick), and
+    /// holds the children; a gone pid is NotFound either way.
+    #[test]
+    fn a_process_tree_reads_alike_from_its_children_lists_and_from_the_walk() {
+        let mut shell = std::process::Command::new("sh")
+            .args(["-c", "sleep 60 & sleep 60 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = shell.id() as i32;
+        let list = format!("/proc/{pid}/task/{pid}/children");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let children: Vec<i32> = loop {
+            let text = std::fs::read_to_string(&list).unwrap_or_default();
+            let pids: Vec<i32> = text
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            if pids.len() == 2 || std::time::Instant::now() > deadline {
+                break pids;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let source = MemorySource::Pid(pid as u32);
+        let own = procfs::process::Process::new(pid)
+            .unwrap()
+            .stat()
+            .unwrap()
+            .rss
+            * procfs::page_size();
+        let listed = subtree_rss(pid)
+            .unwrap()
+            .expect("this kernel lists children");
+        let many = SystemReader.read_many(&[
+            ("tree".into(), source.clone()),
+            ("gone".into(), MemorySource::Pid(u32::MAX / 2)),
+        ]);
+        for child in &children {
+            let _ = std::process::Command::new("kill")
+                .arg(child.to_string())
+                .status();
+        }
+        let _ = shell.kill();
+        let _ = shell.wait();
+        assert_eq!(children.len(), 2, "the shell's two sleeps");
+        let walked = many[0].1.as_ref().unwrap();
+        assert!(
+            listed > own,
+            "children counted: tree {listed}, shell alone {own}"
+        );
+        assert!(
+            listed.abs_diff(*walked) <= 256 << 10,
+            "children lists {listed}, walk {walked}"
+        );
+        assert_eq!(
+            many[1].1.as_ref().unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+    }
 }
 
 /// A reader with set figures, for tests of everything above the sampler.
@@ -213,6 +392,8 @@ pub(crate) mod fake {
         /// the real files would be.
         pub pressure: Mutex<HashMap<std::path::PathBuf, Pressure>>,
         pub events: Mutex<HashMap<std::path::PathBuf, MemoryEvents>>,
+        /// Every source read, in order.
+        pub reads: Mutex<Vec<MemorySource>>,
     }
 
     impl FakeReader {
@@ -240,6 +421,7 @@ pub(crate) mod fake {
 
     impl MemoryReader for FakeReader {
         fn read(&self, source: &MemorySource) -> io::Result<u64> {
+            self.reads.lock().unwrap().push(source.clone());
             self.memory
                 .lock()
                 .unwrap()

@@ -51,7 +51,7 @@ mod writer;
 
 pub(crate) use self::store::Quarantined;
 use self::{
-    store::{Store, StoreError},
+    store::{KeptTask, Store, StoreError},
     writer::unnumbered,
 };
 use crate::{
@@ -186,7 +186,15 @@ struct Mem {
     /// Each sink's backlog when last counted: what `status` says while a
     /// write holds the database.
     backlogs: BTreeMap<String, u64>,
+    /// Changes to the kept tasks not yet written, oldest first: written
+    /// with the events of the same round (a registration costs one sync,
+    /// shared with its `task_started`). At most [`MAX_KEPT_QUEUED`].
+    kept: VecDeque<KeptTask>,
 }
+
+/// Changes to the kept tasks queued at most; one more first writes the
+/// queue in the caller's thread (order kept, nothing dropped).
+const MAX_KEPT_QUEUED: usize = 16_384;
 
 impl Outbox {
     /// Opens the durable outbox in `state_dir` (created when missing). A
@@ -283,6 +291,7 @@ impl Outbox {
                 cursors: BTreeMap::new(),
                 cursors_dirty: false,
                 backlogs: BTreeMap::new(),
+                kept: VecDeque::new(),
             }),
             room: Condvar::new(),
             host: host.into(),
@@ -544,21 +553,35 @@ impl Outbox {
 
     /// Keeps a running task in the state directory (see [`TaskRequest`]);
     /// false when it could not.
-    pub(crate) fn save_task(&self, task: &TaskRequest) -> bool {
-        off_runtime(|| self.core.store().save_task(task))
-            .map_err(|error| warn!(%error, task_id = ?task.task_id, "cannot keep the task"))
-            .is_ok()
+    /// Keeps a running task: queued, written with the next round of
+    /// events (its `task_started` among them), in order with its removal.
+    pub(crate) fn save_task(&self, task: &TaskRequest) {
+        self.keep(KeptTask::Save(task.clone()));
     }
 
     pub(crate) fn remove_task(&self, task_id: &str) {
-        if let Err(error) = off_runtime(|| self.core.store().remove_task(task_id)) {
-            warn!(%error, ?task_id, "cannot forget the ended task");
-        }
+        self.keep(KeptTask::Remove(task_id.to_string()));
     }
 
-    /// The running tasks the last run kept.
+    fn keep(&self, change: KeptTask) {
+        let full = self.core.mem().kept.len() >= MAX_KEPT_QUEUED;
+        if full {
+            // The writer is behind (a slow disk): write the queue here
+            // first, so the bound holds and the order too.
+            warn!("the kept tasks' queue is full; writing it now");
+            off_runtime(|| self.core.write_all());
+        }
+        self.core.mem().kept.push_back(change);
+        self.writer.wake();
+    }
+
+    /// The running tasks the last run kept (after writing what is queued).
     pub(crate) fn saved_tasks(&self) -> Vec<TaskRequest> {
-        off_runtime(|| self.core.store().tasks()).unwrap_or_else(|error| {
+        off_runtime(|| {
+            self.core.write_all();
+            self.core.store().tasks()
+        })
+        .unwrap_or_else(|error| {
             warn!(%error, "cannot read the kept tasks");
             Vec::new()
         })

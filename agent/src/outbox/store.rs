@@ -248,14 +248,29 @@ impl Store {
         Ok(())
     }
 
-    /// Stores `events` (in seq order) in one transaction: all or none.
-    /// Stores `events`; the bytes of JSON written.
+    /// Stores `events` alone (see [`Self::write`]).
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, events: &[Event], stored_ms: i64) -> Result<u64, StoreError> {
-        let Some(last) = events.last() else {
+        self.write(events, &[], stored_ms)
+    }
+
+    /// Stores `events` (in seq order) and the changes to the kept tasks
+    /// queued with them in one transaction, all or none (one sync of the
+    /// log for all); the bytes of event JSON stored.
+    pub(crate) fn write(
+        &mut self,
+        events: &[Event],
+        kept: &[KeptTask],
+        stored_ms: i64,
+    ) -> Result<u64, StoreError> {
+        if events.is_empty() && kept.is_empty() {
             return Ok(0);
-        };
+        }
         let mut bytes = 0;
         let tx = self.conn.transaction()?;
+        for change in kept {
+            change.apply(&tx)?;
+        }
         {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO events (seq, id, priority, stored_ms, json) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -272,11 +287,13 @@ impl Store {
                 ])?;
             }
         }
-        tx.execute(
-            "INSERT INTO meta (key, value) VALUES (?1, ?2)
-             ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
-            params![LAST_SEQ, last.seq as i64],
-        )?;
+        if let Some(last) = events.last() {
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
+                params![LAST_SEQ, last.seq as i64],
+            )?;
+        }
         tx.commit()?;
         Ok(bytes)
     }
@@ -499,27 +516,39 @@ struct TaskRow {
 /// The version of [`TaskRow`] this build writes.
 const TASK_ROW_VERSION: u32 = 1;
 
-impl Store {
+/// A change to the running tasks kept: queued, and written with the
+/// events of the same round (see [`Store::write`]).
+#[derive(Clone, Debug)]
+pub(crate) enum KeptTask {
     /// Keeps a running task (replacing one of the same id).
-    pub(crate) fn save_task(&mut self, task: &TaskRequest) -> Result<(), StoreError> {
-        let json = serde_json::to_string(&TaskRow {
-            v: TASK_ROW_VERSION,
-            task: task.clone(),
-        })?;
-        self.conn.execute(
-            "INSERT INTO tasks (task_id, json) VALUES (?1, ?2) \
-             ON CONFLICT (task_id) DO UPDATE SET json = excluded.json",
-            params![task.task_id, json],
-        )?;
+    Save(TaskRequest),
+    /// Forgets an ended task.
+    Remove(String),
+}
+
+impl KeptTask {
+    fn apply(&self, conn: &Connection) -> Result<(), StoreError> {
+        match self {
+            Self::Save(task) => {
+                let json = serde_json::to_string(&TaskRow {
+                    v: TASK_ROW_VERSION,
+                    task: task.clone(),
+                })?;
+                conn.execute(
+                    "INSERT INTO tasks (task_id, json) VALUES (?1, ?2) \
+                     ON CONFLICT (task_id) DO UPDATE SET json = excluded.json",
+                    params![task.task_id, json],
+                )?;
+            }
+            Self::Remove(task_id) => {
+                conn.execute("DELETE FROM tasks WHERE task_id = ?1", [task_id])?;
+            }
+        }
         Ok(())
     }
+}
 
-    pub(crate) fn remove_task(&mut self, task_id: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute("DELETE FROM tasks WHERE task_id = ?1", [task_id])?;
-        Ok(())
-    }
-
+impl Store {
     /// The running tasks kept; a row this build cannot read is skipped
     /// (and named in the log), not fatal.
     pub(crate) fn tasks(&self) -> Result<Vec<TaskRequest>, StoreError> {

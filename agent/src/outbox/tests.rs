@@ -917,3 +917,44 @@ async fn stored_waits_for_the_writer_and_says_when_it_cannot_write() {
         outbox.status()
     );
 }
+
+/// A kept task is written with the events of its round, in one
+/// transaction: once its `task_started` is stored, another connection to
+/// the file sees the task; a removal queued after it wins (order kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_tasks_are_written_with_their_events_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, _) = open(dir.path(), Limits::default());
+    let task = |id: &str| TaskRequest {
+        task_id: id.into(),
+        worker: None,
+        source: None,
+        soft_cap: None,
+        owner: crate::model::spec::ANONYMOUS.into(),
+    };
+    let kept = || {
+        let conn = rusqlite::Connection::open(dir.path().join(store::FILE_NAME)).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT task_id FROM tasks ORDER BY task_id")
+            .unwrap();
+        stmt.query_map([], |r| r.get::<_, String>(0))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+    };
+    outbox.save_task(&task("t1"));
+    outbox.save_task(&task("t2"));
+    outbox.remove_task("t2");
+    outbox.append(EventBody::new(EventKind::TaskStarted), None);
+    assert!(
+        outbox.stored(Duration::from_secs(10)).await,
+        "stored in time"
+    );
+    assert_eq!(kept(), ["t1"], "t1 kept with its event; t2 removed after");
+    outbox.remove_task("t1");
+    assert!(
+        outbox.saved_tasks().is_empty(),
+        "a read of the kept tasks writes the queue first"
+    );
+    assert!(kept().is_empty());
+}

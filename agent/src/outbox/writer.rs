@@ -21,7 +21,10 @@ use std::{
 use chrono::Utc;
 use tracing::{info, warn};
 
-use super::{Core, Mem, SEQ_BLOCK, UNNUMBERED, store::Store};
+use super::{
+    Core, Mem, SEQ_BLOCK, UNNUMBERED,
+    store::{KeptTask, Store},
+};
 use crate::model::event::Event;
 
 /// The writer wakes at least this often (and beats its liveness).
@@ -119,7 +122,7 @@ impl Core {
             }
         }
         let mem = self.mem();
-        mem.pending.is_empty() && !mem.cursors_dirty
+        mem.pending.is_empty() && mem.kept.is_empty() && !mem.cursors_dirty
     }
 
     /// One round: reserve seqs when they run low (and number the events
@@ -128,7 +131,7 @@ impl Core {
     /// and more may be queued.
     fn write_round(&self, store: &mut Store) -> bool {
         self.reserve(store);
-        let (batch, cursors) = {
+        let (batch, kept, cursors) = {
             let mut mem = self.mem();
             let numbered = mem
                 .pending
@@ -138,10 +141,12 @@ impl Core {
                 .count();
             mem.in_flight = numbered;
             let batch: Vec<Event> = mem.pending.iter().take(numbered).cloned().collect();
+            let kept: Vec<KeptTask> = mem.kept.iter().take(WRITE_BATCH).cloned().collect();
             let cursors = mem.cursors_dirty.then(|| mem.cursors.clone());
-            (batch, cursors)
+            (batch, kept, cursors)
         };
-        let wrote = !batch.is_empty() && self.write_batch(store, &batch);
+        let wrote =
+            !(batch.is_empty() && kept.is_empty()) && self.write_batch(store, &batch, &kept);
         if let Some(cursors) = cursors
             && self.mem().persist_error.is_none()
         {
@@ -156,16 +161,18 @@ impl Core {
         }
         let mem = self.mem();
         self.metrics.outbox_pending.set(mem.pending.len() as i64);
-        wrote && !mem.pending.is_empty()
+        wrote && !(mem.pending.is_empty() && mem.kept.is_empty())
     }
 
-    /// Writes `batch` (the first events queued); true when written.
-    fn write_batch(&self, store: &mut Store, batch: &[Event]) -> bool {
+    /// Writes `batch` (the first events queued) and `kept` (the first
+    /// changes to the kept tasks queued) in one transaction; true when
+    /// written.
+    fn write_batch(&self, store: &mut Store, batch: &[Event], kept: &[KeptTask]) -> bool {
         let now_ms = Utc::now().timestamp_millis();
-        let mut result = store.insert(batch, now_ms);
+        let mut result = store.write(batch, kept, now_ms);
         if result.is_err() && store.checkpoint().is_ok() {
             // The log's space is free again: one more try.
-            result = store.insert(batch, now_ms);
+            result = store.write(batch, kept, now_ms);
         }
         let last = batch.last().map_or(0, |e| e.seq);
         let (over, over_bytes) = {
@@ -176,6 +183,7 @@ impl Core {
                     mem.stored += batch.len() as u64;
                     mem.stored_bytes += bytes;
                     mem.pending.drain(..batch.len());
+                    mem.kept.drain(..kept.len());
                     self.room.notify_all();
                     if mem.persist_error.take().is_some() {
                         info!(

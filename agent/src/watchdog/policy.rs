@@ -144,8 +144,63 @@ impl Watchdog {
         (workers, tasks)
     }
 
-    /// Registers a task. `sample` must hold the worker's memory and its
-    /// running tasks' (including the new task's, when it has a source).
+    /// What to read for an admission on `worker` (`None`: the only one):
+    /// the worker, and those of its running tasks never read yet (restored
+    /// ones, before the first tick); the others count with their last figure.
+    pub(crate) fn admission_sources(
+        &self,
+        worker: Option<&str>,
+    ) -> Result<(Sources, Sources), WatchdogError> {
+        let name = self.resolve_worker(worker)?;
+        let spec = &self.workers[&name].spec;
+        let tasks = self
+            .tasks
+            .values()
+            .filter(|t| t.worker == name && t.memory().is_none())
+            .filter_map(|t| t.source.clone().map(|s| (t.id.clone(), s)))
+            .collect();
+        Ok((vec![(name, spec.source.clone())], tasks))
+    }
+
+    /// The running tasks a tick between full rounds must read, given the
+    /// workers' memory just read. A task read before may wait for the next
+    /// full round when its worker is calm (healthy, below its soft cap:
+    /// no residual check can fire) and either it has no cap, or it is
+    /// below its cap and `kernel_quiet(task, last read)` (the kernel holds
+    /// that cap and saw no growth step or crossing since).
+    pub(crate) fn busy_tasks(
+        &self,
+        workers: &HashMap<String, u64>,
+        kernel_quiet: impl Fn(&str, Instant) -> bool,
+    ) -> Sources {
+        let calm = |name: &str| {
+            self.workers.get(name).is_some_and(|w| {
+                w.health() == Health::Healthy
+                    && workers
+                        .get(name)
+                        .is_some_and(|m| w.spec.soft_cap.is_none_or(|cap| *m < cap))
+            })
+        };
+        let may_wait = |t: &TaskState| {
+            let Some((read_at, memory)) = t.last_sample() else {
+                return false;
+            };
+            calm(&t.worker)
+                && t.soft_cap.is_none_or(|cap| {
+                    (memory as f64) < cap as f64 * (1.0 - self.settings.hysteresis)
+                        && kernel_quiet(&t.id, read_at)
+                })
+        };
+        self.tasks
+            .values()
+            .filter(|t| !may_wait(t))
+            .filter_map(|t| t.source.clone().map(|s| (t.id.clone(), s)))
+            .collect()
+    }
+
+    /// Registers a task. `sample` must hold the worker's memory (and the
+    /// new task's, when it has a source); a running task missing from it
+    /// counts with its last figure (see [`Self::admission_sources`]).
     pub(crate) fn register(
         &mut self,
         req: TaskRequest,
@@ -503,14 +558,16 @@ impl Watchdog {
     }
 
     /// Worker memory minus its running tasks' (and `also`'s), floored at 0.
+    /// A task missing from `sample` (not read this time, or unreadable)
+    /// counts with its last figure.
     fn residual(&self, worker: &str, sample: &Sample, also: Option<&str>) -> Option<u64> {
         let memory = *sample.workers.get(worker)?;
         let tasks: u64 = self
             .tasks
             .values()
             .filter(|t| t.worker == worker && Some(t.id.as_str()) != also)
-            .filter_map(|t| sample.tasks.get(&t.id))
-            .chain(also.and_then(|id| sample.tasks.get(id)))
+            .filter_map(|t| sample.tasks.get(&t.id).copied().or_else(|| t.memory()))
+            .chain(also.and_then(|id| sample.tasks.get(id).copied()))
             .sum();
         Some(memory.saturating_sub(tasks))
     }

@@ -83,6 +83,11 @@ impl TaskState {
         self.samples.back().map(|&(_, bytes)| bytes)
     }
 
+    /// When the task was last read, and its memory then.
+    pub(crate) fn last_sample(&self) -> Option<(Instant, u64)> {
+        self.samples.back().copied()
+    }
+
     /// Records a sample; returns a crossing when the task just went over its cap.
     pub(crate) fn observe(
         &mut self,

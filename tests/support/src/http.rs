@@ -1,4 +1,4 @@
-//! Loopback ports and a bare HTTP GET (xtask keeps no HTTP client).
+//! Loopback ports and bare HTTP requests (xtask keeps no HTTP client).
 
 use std::{
     io::{self, Read as _, Write as _},
@@ -17,10 +17,20 @@ pub fn free_port() -> u16 {
 /// `GET path` over HTTP/1.0 on 127.0.0.1:`port` (5 s timeouts): the whole
 /// answer, status line and headers included.
 pub fn http_get(port: u16, path: &str) -> io::Result<String> {
+    http_request(port, "GET", path, "")
+}
+
+/// `method path` with a JSON `body` (empty: none) over HTTP/1.0 on
+/// 127.0.0.1:`port` (5 s timeouts): the whole answer.
+pub fn http_request(port: u16, method: &str, path: &str, body: &str) -> io::Result<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;
     Ok(answer)

@@ -16,6 +16,7 @@ mod guard;
 mod idle;
 mod overhead;
 mod storm;
+mod tasks;
 
 pub(crate) fn run(which: Option<&str>) -> anyhow::Result<()> {
     match which {
@@ -24,8 +25,9 @@ pub(crate) fn run(which: Option<&str>) -> anyhow::Result<()> {
         Some("idle") => idle::idle(),
         Some("storm") => storm::storm(),
         Some("guard") => guard::guard(),
+        Some("tasks") => tasks::tasks(),
         Some(other) => {
-            bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm, guard)")
+            bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm, guard, tasks)")
         }
     }
 }

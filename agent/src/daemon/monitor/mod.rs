@@ -5,7 +5,10 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use tokio::{sync::Notify, time::Instant};
@@ -32,6 +35,10 @@ use crate::{
     },
 };
 
+/// Every task is read on one sampling round in this many; between, only
+/// the busy ones.
+const FULL_ROUND: u64 = 10;
+
 /// At most one `task_rejected` event per worker this often.
 const REJECTION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -51,6 +58,8 @@ pub(crate) struct Monitor {
     last_rejection: Mutex<HashMap<String, Instant>>,
     /// The kernel's PSI and memory event totals last published.
     kernel_figures: Mutex<KernelFigures>,
+    /// Sampling rounds so far.
+    rounds: AtomicU64,
 }
 
 impl Monitor {
@@ -81,6 +90,7 @@ impl Monitor {
             kernel: KernelCaps::default(),
             last_rejection: Mutex::default(),
             kernel_figures: Mutex::default(),
+            rounds: AtomicU64::new(0),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -141,8 +151,8 @@ impl Monitor {
         self.kernel.line(line);
     }
 
-    /// Registers a task after reading its worker's memory and its running
-    /// tasks'. The task's soft cap defaults to its cgroup's own.
+    /// Registers a task after reading its worker's memory and its own. The
+    /// task's soft cap defaults to its cgroup's own.
     /// A task registered by a client (`POST /v1/tasks`, `memwatch exec`):
     /// kept in the state directory while it runs, so that an agent
     /// restarted meanwhile still counts its memory as the task's.
@@ -157,16 +167,10 @@ impl Monitor {
                 req.soft_cap = self.reader.cgroup_soft_cap(path);
             }
         }
-        let (worker, mut tasks) = {
-            let watchdog = self.lock();
-            let name = watchdog.resolve_worker(req.worker.as_deref())?;
-            let (workers, tasks) = watchdog.sources();
-            let worker = workers
-                .into_iter()
-                .filter(|(n, _)| *n == name)
-                .collect::<Vec<_>>();
-            (worker, tasks)
-        };
+        // The worker and the new task are read now; the worker's other
+        // tasks count with their figures of the last tick (at most one
+        // old), so one more task costs the same at 10 live tasks as at 5,000.
+        let (worker, mut tasks) = self.lock().admission_sources(req.worker.as_deref())?;
         if let Some(source) = &req.source {
             tasks.push((req.task_id.clone(), source.clone()));
         }
@@ -272,12 +276,27 @@ impl Monitor {
         Ok(())
     }
 
-    /// One sampling round: cgroup rules, then every worker and task, with
-    /// the kernel's pressure figures and memory events.
+    /// One sampling round: cgroup rules, then every worker, with the
+    /// kernel's pressure figures and memory events, and the tasks: all of
+    /// them every [`FULL_ROUND`]th round, else the busy ones (see
+    /// [`Watchdog::busy_tasks`]): an idle agent's cost follows what
+    /// changes, not how many tasks run.
     pub(crate) fn tick(&self) {
         self.scan_rules();
-        let (workers, tasks) = self.lock().sources();
-        let mut sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &tasks);
+        let full = self
+            .rounds
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(FULL_ROUND);
+        let (workers, all_tasks) = self.lock().sources();
+        let mut sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &[]);
+        let tasks = if full {
+            all_tasks
+        } else {
+            self.lock().busy_tasks(&sample.workers, |task, since| {
+                self.kernel.quiet_since(task, since)
+            })
+        };
+        sample.tasks = sampler::sample(self.reader.as_ref(), &[], &tasks).tasks;
         sampler::kernel_figures(self.reader.as_ref(), &workers, &mut sample);
         let host = self.reader.host_pressure();
         self.kernel_figures

@@ -13,6 +13,14 @@ mod basics {
     const MIB: u64 = 1 << 20;
 
     fn monitor(root: &Path, reader: FakeReader, rules: Vec<Rule>) -> (Monitor, Outbox) {
+        monitor_reading(root, Arc::new(reader), rules)
+    }
+
+    fn monitor_reading(
+        root: &Path,
+        reader: Arc<FakeReader>,
+        rules: Vec<Rule>,
+    ) -> (Monitor, Outbox) {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
         let outbox = Outbox::new("h", 100, metrics.clone());
         let worker = WorkerSpec {
@@ -32,7 +40,7 @@ mod basics {
             Settings::default(),
             rules,
             hierarchy,
-            Arc::new(reader),
+            reader,
             Recorder::new(outbox.clone(), metrics),
         );
         (m, outbox)
@@ -40,6 +48,93 @@ mod basics {
 
     fn kinds(outbox: &Outbox) -> Vec<EventKind> {
         outbox.read(0, 100).iter().map(|e| e.body.kind).collect()
+    }
+
+    /// One more task reads its worker and itself, not every running task:
+    /// the others count with their figures of the last tick. Were they
+    /// counted as nothing, the residual (600 MiB) would be over the
+    /// worker's cap (200 MiB) and the task rejected.
+    #[tokio::test]
+    async fn a_registration_reads_its_worker_and_itself_only() {
+        let root = tempfile::tempdir().unwrap();
+        let reader = Arc::new(FakeReader::default());
+        reader
+            .caps
+            .lock()
+            .unwrap()
+            .insert(root.path().into(), 200 * MIB);
+        let worker = |tasks: u64| {
+            reader.set(
+                MemorySource::Cgroup(root.path().into()),
+                (100 + 10 * tasks) * MIB,
+            )
+        };
+        let (m, _outbox) = monitor_reading(root.path(), reader.clone(), Vec::new());
+        let task = |id: String, pid: u32| TaskRequest {
+            task_id: id,
+            worker: None,
+            source: Some(MemorySource::Pid(pid)),
+            soft_cap: None,
+            owner: crate::model::spec::ANONYMOUS.into(),
+        };
+        for i in 0..50 {
+            worker(u64::from(i) + 1);
+            reader.set(MemorySource::Pid(1000 + i), 10 * MIB);
+            m.register(task(format!("t{i}"), 1000 + i)).unwrap();
+        }
+        m.tick();
+        reader.reads.lock().unwrap().clear();
+        worker(51);
+        reader.set(MemorySource::Pid(2000), 10 * MIB);
+        let registration = m.register(task("new".into(), 2000)).unwrap();
+        assert_eq!(
+            *reader.reads.lock().unwrap(),
+            [
+                MemorySource::Cgroup(root.path().into()),
+                MemorySource::Pid(2000)
+            ],
+            "the worker and the new task are read, nothing else"
+        );
+        assert_eq!(registration.admission, Admission::Accepted);
+    }
+
+    /// An idle agent's rounds read the workers; the tasks of a calm
+    /// worker wait for the full round, one in FULL_ROUND.
+    #[tokio::test]
+    async fn idle_rounds_read_the_workers_and_every_tenth_the_tasks() {
+        let root = tempfile::tempdir().unwrap();
+        let reader = Arc::new(FakeReader::default());
+        reader
+            .caps
+            .lock()
+            .unwrap()
+            .insert(root.path().into(), 200 * MIB);
+        let worker = MemorySource::Cgroup(root.path().into());
+        reader.set(worker.clone(), 100 * MIB);
+        let (m, _outbox) = monitor_reading(root.path(), reader.clone(), Vec::new());
+        for pid in 1..=3 {
+            reader.set(MemorySource::Pid(pid), MIB);
+            m.register(TaskRequest {
+                task_id: format!("t{pid}"),
+                worker: None,
+                source: Some(MemorySource::Pid(pid)),
+                soft_cap: None,
+                owner: crate::model::spec::ANONYMOUS.into(),
+            })
+            .unwrap();
+        }
+        let reads = || std::mem::take(&mut *reader.reads.lock().unwrap()).len();
+        reads();
+        let per_round: Vec<usize> = (0..=FULL_ROUND)
+            .map(|_| {
+                m.tick();
+                reads()
+            })
+            .collect();
+        let mut expected = vec![1; FULL_ROUND as usize + 1];
+        expected[0] = 4;
+        expected[FULL_ROUND as usize] = 4;
+        assert_eq!(per_round, expected, "sources read per round");
     }
 
     #[tokio::test]

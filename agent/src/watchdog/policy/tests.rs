@@ -459,3 +459,56 @@ async fn a_worker_takes_no_more_tasks_than_its_bound() {
     .unwrap();
     w.register(request("t3"), &s, Instant::now()).unwrap();
 }
+
+/// Between full rounds a tick reads only the tasks whose figure may
+/// matter now: never read, under a worker over its cap or not healthy,
+/// near or over their own cap, or with a cap the kernel is not quiet about.
+#[tokio::test(start_paused = true)]
+async fn a_tick_reads_the_busy_tasks_only() {
+    let mut w = watchdog();
+    let ids = |sources: Sources| {
+        let mut ids: Vec<String> = sources.into_iter().map(|(id, _)| id).collect();
+        ids.sort();
+        ids
+    };
+    let capped = |id: &str, cap: u64| TaskRequest {
+        soft_cap: Some(cap),
+        ..request(id)
+    };
+    let admit = sample(
+        50 * MIB,
+        &[
+            ("uncapped", MIB),
+            ("quiet", MIB),
+            ("loud", MIB),
+            ("near", 95 * MIB),
+        ],
+    );
+    for req in [
+        request("uncapped"),
+        capped("quiet", 100 * MIB),
+        capped("loud", 100 * MIB),
+        capped("near", 100 * MIB),
+    ] {
+        w.register(req, &admit, Instant::now()).unwrap();
+    }
+    w.register(request("unread"), &sample(50 * MIB, &[]), Instant::now())
+        .unwrap();
+    let workers = |bytes: u64| HashMap::from([("w1".to_string(), bytes)]);
+    let quiet_but_loud = |task: &str, _: Instant| task != "loud";
+    assert_eq!(
+        ids(w.busy_tasks(&workers(50 * MIB), quiet_but_loud)),
+        ["loud", "near", "unread"],
+        "calm worker: the uncapped task and the quiet one wait"
+    );
+    assert_eq!(
+        ids(w.busy_tasks(&workers(50 * MIB), |_, _| false)),
+        ["loud", "near", "quiet", "unread"],
+        "no kernel watch (polling): every capped task is read"
+    );
+    assert_eq!(
+        ids(w.busy_tasks(&workers(300 * MIB), quiet_but_loud)).len(),
+        5,
+        "a worker over its cap: every task is read (its residual counts)"
+    );
+}
