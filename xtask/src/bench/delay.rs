@@ -1,10 +1,17 @@
 //! `cargo xtask bench delay`: how long from the kernel's event (an OOM kill,
-//! a soft-cap crossing) to the event arriving at a local webhook, beside a
-//! plain poller of the cgroup files at 100 ms and 1 s on the same workload.
+//! a soft-cap crossing) to the event arriving at a local webhook, beside
+//! rivals on the same workload in the same run: plain pollers of the cgroup
+//! files at 100 ms and 1 s, a reader of the kernel log (`/dev/kmsg`, as
+//! node-problem-detector and cAdvisor watch OOM kills), and kernel-notified
+//! v1 thresholds (eventfds on `memory.usage_in_bytes` and
+//! `memory.oom_control`), see [`rivals`].
 //!
 //! The reference time of an OOM kill is the kernel's own stamp, carried in
 //! the event's `time`; of a soft-cap crossing, the moment memhog has touched
 //! the cap (it prints it). Every watcher is measured against the same time.
+//! Each row also says what the watcher can name of the event, and the kmsg
+//! reader's how many kills it could put in their cgroup (only its
+//! rate-limited summary line names one).
 
 use std::{
     collections::BTreeMap,
@@ -28,12 +35,17 @@ use memwatch_test_support::{
 
 use super::{release_bins, start_agent};
 
+#[path = "rivals.rs"]
+pub(super) mod rivals;
+
+use rivals::{Kmsg, KmsgSeen, Thresholds, Watch};
+
 /// Events of each kind measured.
 const EVENTS: usize = 100;
 /// Workloads run at once.
 const BATCH: usize = 10;
 const MIB: u64 = 1 << 20;
-const MEMORY: &str = "/sys/fs/cgroup/memory";
+pub(super) const MEMORY: &str = "/sys/fs/cgroup/memory";
 /// Poll intervals of the comparison pollers.
 const POLLS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
 
@@ -101,12 +113,106 @@ fn over_soft_cap(text: &str) -> bool {
     text.trim().parse::<u64>().is_ok_and(|n| n > SOFT_CAP)
 }
 
-/// Per watcher, one delay (ms) per event.
+/// The watchers, in the table's order.
+const WATCHERS: [&str; 5] = [
+    "memwatch -> local webhook",
+    "poller, 100 ms",
+    "poller, 1 s",
+    "kmsg reader (/dev/kmsg)",
+    "v1 thresholds (eventfd, epoll)",
+];
+
+/// An event kind measured, and how each watcher sees it.
+struct Kind {
+    /// The event's `kind`.
+    name: &'static str,
+    /// The cgroup file the pollers read, and when it shows the event.
+    file: &'static str,
+    crossed: fn(&str) -> bool,
+    /// The kernel logs it (an OOM kill) or not (a soft-cap crossing);
+    /// the thresholds' OOM notification or their usage threshold.
+    oom: bool,
+    /// What each watcher (WATCHERS' order) can name of the event.
+    names: [&'static str; 5],
+}
+
+const OOM: Kind = Kind {
+    name: "oom_kill",
+    file: "memory.oom_control",
+    crossed: oom_killed,
+    oom: true,
+    names: [
+        "pid, comm, cgroup, limit cgroup, RSS, task/worker",
+        "cgroup (its file's)",
+        "cgroup (its file's)",
+        "pid, comm, RSS; cgroup + limit cgroup only on the rate-limited summary line",
+        "the cgroup registered on (OOM condition, before the victim is chosen)",
+    ],
+};
+
+const SOFT: Kind = Kind {
+    name: "soft_cap_exceeded",
+    file: "memory.usage_in_bytes",
+    crossed: over_soft_cap,
+    oom: false,
+    names: [
+        "task/worker, cgroup, RSS, cap, growth rate",
+        "cgroup (its file's)",
+        "cgroup (its file's)",
+        "nothing: the kernel logs no such event",
+        "the cgroup registered on",
+    ],
+};
+
+/// One watcher's figures for one event kind.
+#[derive(Default)]
+struct Figures {
+    /// One delay (ms) per event seen.
+    delays: Vec<f64>,
+    missed: usize,
+    /// Events seen with their cgroup named.
+    named: usize,
+    /// Events seen before their reference time (a negative delay).
+    early: usize,
+}
+
+impl Figures {
+    /// The event of reference time `from` was seen `at` (or never).
+    fn seen(&mut self, from: SystemTime, at: Option<SystemTime>, named: bool) {
+        match at {
+            Some(at) => {
+                let delay = ms(from, at);
+                self.delays.push(delay);
+                self.early += usize::from(delay < 0.0);
+                self.named += usize::from(named);
+            }
+            None => self.missed += 1,
+        }
+    }
+}
+
+/// Per watcher (WATCHERS' order), its figures for one event kind, and the
+/// rivals' own counts.
 #[derive(Default)]
 struct Delays {
-    webhook: Vec<f64>,
-    polls: [Vec<f64>; 2],
-    missed: [usize; 3],
+    watchers: [Figures; 5],
+    /// Events measured.
+    events: usize,
+    /// Threshold registrations that came after the event (found by their
+    /// one read of the file at registration).
+    late: usize,
+    /// Cgroups the thresholds could not register on.
+    failed: usize,
+    /// Times the kmsg reader fell behind the log (EPIPE).
+    overruns: usize,
+}
+
+/// One workload of a batch: its cgroup, memhog's mark (the soft-cap
+/// reference), and the pid the kernel names when it kills it.
+struct Workload {
+    dir: PathBuf,
+    mark: Option<SystemTime>,
+    pid: Option<u32>,
 }
 
 pub(super) fn delay() -> anyhow::Result<()> {
@@ -115,105 +221,148 @@ pub(super) fn delay() -> anyhow::Result<()> {
     let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
     let agent_url = agent.base_url();
 
-    let oom = measure(
-        &receiver,
-        "oom_kill",
-        "memory.oom_control",
-        oom_killed,
-        |k| oom_batch(&release, k),
-    )?;
-    let soft = measure(
-        &receiver,
-        "soft_cap_exceeded",
-        "memory.usage_in_bytes",
-        over_soft_cap,
-        |k| soft_cap_batch(&release, &agent_url, k),
-    )?;
+    let oom = measure(&receiver, &OOM, |k| oom_batch(&release, k))?;
+    let soft = measure(&receiver, &SOFT, |k| {
+        soft_cap_batch(&release, &agent_url, k)
+    })?;
     drop(agent);
 
     println!(
         "\nDetection delay: kernel time stamp -> seen ({EVENTS} events each; {BATCH} workloads at once)\n"
     );
-    println!("| event | watcher | p50 ms | p99 ms | missed |");
-    println!("|---|---|---|---|---|");
-    for (name, d) in [
-        ("OOM kill (memhog 128 MiB in a 64 MiB cgroup)", oom),
+    println!("| event | watcher | p50 ms | p99 ms | missed | cgroup named | can name |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut notes = Vec::new();
+    for (name, kind, mut d) in [
+        ("OOM kill (memhog 128 MiB in a 64 MiB cgroup)", &OOM, oom),
         (
             "soft-cap crossing (memwatch exec --soft-cap 32M, memhog 48 MiB)",
+            &SOFT,
             soft,
         ),
     ] {
-        let Delays {
-            webhook,
-            polls: [fast, slow],
-            missed,
-        } = d;
-        let rows = [
-            ("memwatch -> local webhook", webhook, missed[0]),
-            ("poller, 100 ms", fast, missed[1]),
-            ("poller, 1 s", slow, missed[2]),
-        ];
-        for (watcher, mut samples, missed) in rows {
+        let n = d.events;
+        for ((watcher, f), names) in WATCHERS.iter().zip(&mut d.watchers).zip(kind.names) {
             println!(
-                "| {name} | {watcher} | {:.1} | {:.1} | {missed} |",
-                quantile(&mut samples, 0.5),
-                quantile(&mut samples, 0.99)
+                "| {name} | {watcher} | {} | {} | {} of {n} | {} of {n} | {names} |",
+                figure(quantile(&mut f.delays, 0.5)),
+                figure(quantile(&mut f.delays, 0.99)),
+                f.missed,
+                f.named,
             );
         }
+        notes.push(format!(
+            "{name}: seen before the reference (delay < 0): {}; thresholds registered after \
+             the event (found by their one read) {}, not registered {}; kmsg reader overruns {}",
+            WATCHERS
+                .iter()
+                .zip(&d.watchers)
+                .map(|(w, f)| format!("{w} {}", f.early))
+                .collect::<Vec<_>>()
+                .join(", "),
+            d.late,
+            d.failed,
+            d.overruns
+        ));
+    }
+    println!();
+    for note in notes {
+        println!("{note}");
     }
     Ok(())
 }
 
-/// Runs `batch(k)` (which returns the cgroup directories it used) for each
-/// batch, with the pollers watching `file` in those directories.
+/// `ms` with one decimal, or a dash when there is none.
+fn figure(ms: f64) -> String {
+    if ms.is_nan() {
+        "–".to_string()
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+/// Runs `batch(k)` (which returns the workloads it ran) for each batch,
+/// with every watcher on: the pollers on `kind.file` in the batch's
+/// directories, the kmsg reader, and the thresholds on the cgroups made
+/// under the batch's parent.
 fn measure(
     receiver: &Receiver,
-    kind: &str,
-    file: &str,
-    crossed: fn(&str) -> bool,
-    mut batch: impl FnMut(usize) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>>,
+    kind: &Kind,
+    mut batch: impl FnMut(usize) -> anyhow::Result<Vec<Workload>>,
 ) -> anyhow::Result<Delays> {
     let mut delays = Delays::default();
     for k in 0..EVENTS / BATCH {
-        let dirs: Vec<PathBuf> = (0..BATCH).map(|j| batch_dir(kind, k, j)).collect();
-        let files: Vec<PathBuf> = dirs.iter().map(|d| d.join(file)).collect();
+        let dirs: Vec<PathBuf> = (0..BATCH).map(|j| batch_dir(kind.name, k, j)).collect();
+        let files: Vec<PathBuf> = dirs.iter().map(|d| d.join(kind.file)).collect();
+        let parent = dirs[0].parent().context("a batch cgroup's parent")?;
+        std::fs::create_dir_all(parent).with_context(|| format!("mkdir {}", parent.display()))?;
         let pollers: Vec<Poller> = POLLS
             .iter()
-            .map(|i| Poller::start(*i, files.clone(), crossed))
+            .map(|i| Poller::start(*i, files.clone(), kind.crossed))
             .collect();
+        let kmsg = Kmsg::start()?;
+        let thresholds = Thresholds::start(Watch {
+            cgroups: Vec::new(),
+            parents: vec![parent.to_path_buf()],
+            usage_threshold: Some(SOFT_CAP),
+        })?;
         let used = batch(k)?;
         // Give the slow poller one more interval and the webhook its delivery.
         thread::sleep(POLLS[1] + Duration::from_millis(200));
         let seen: Vec<_> = pollers.into_iter().map(Poller::finish).collect();
+        let log = kmsg.finish()?;
+        let notified = thresholds.finish()?;
+        delays.overruns += log.overruns;
+        delays.failed += notified.failed;
         let received = receiver.events();
-        for (dir, mark) in &used {
-            let cgroup = dir.to_string_lossy();
+        for w in &used {
+            delays.events += 1;
+            let cgroup = w.dir.to_string_lossy();
             let Some((arrived, event)) = received
                 .iter()
-                .find(|(_, e)| e["kind"] == kind && e["cgroup"].as_str() == Some(&*cgroup))
+                .find(|(_, e)| e["kind"] == kind.name && e["cgroup"].as_str() == Some(&*cgroup))
             else {
-                delays.missed[0] += 1;
+                // No kernel stamp to measure the others against either.
+                delays.watchers[0].missed += 1;
                 continue;
             };
             let stamp = event["time"]
                 .as_str()
                 .and_then(|t| humantime::parse_rfc3339(t).ok())
                 .context("event time")?;
-            let kernel = mark.unwrap_or(stamp);
-            delays.webhook.push(ms(kernel, *arrived));
+            let kernel = w.mark.unwrap_or(stamp);
+            delays.watchers[0].seen(kernel, Some(*arrived), true);
             for (p, seen) in seen.iter().enumerate() {
-                match seen.get(&dir.join(file)) {
-                    Some(at) => delays.polls[p].push(ms(kernel, *at)),
-                    None => delays.missed[p + 1] += 1,
-                }
+                let at = seen.get(&w.dir.join(kind.file)).copied();
+                delays.watchers[p + 1].seen(kernel, at, true);
             }
+            let (at, named) = logged(kind, &log, w);
+            delays.watchers[3].seen(kernel, at, named);
+            let wake = notified.cgroups.get(&w.dir).and_then(|n| {
+                if kind.oom {
+                    n.oom.as_ref()
+                } else {
+                    n.usage.as_ref()
+                }
+            });
+            delays.late += usize::from(wake.is_some_and(|w| w.late));
+            delays.watchers[4].seen(kernel, wake.map(|w| w.first), true);
         }
-        for (dir, _) in used {
-            let _ = std::fs::remove_dir(dir);
+        for w in used {
+            let _ = std::fs::remove_dir(w.dir);
         }
-        eprintln!("xtask: {kind} batch {k} done");
+        eprintln!("xtask: {} batch {k} done", kind.name);
     }
     Ok(delays)
+}
+
+/// When the kmsg reader got `w`'s kill line (an OOM kill's; a soft-cap
+/// crossing is never logged), and whether a summary line named its cgroup.
+fn logged(kind: &Kind, log: &KmsgSeen, w: &Workload) -> (Option<SystemTime>, bool) {
+    match w.pid.filter(|_| kind.oom) {
+        Some(pid) => (log.kill(pid), log.names(pid, Path::new(MEMORY), &w.dir)),
+        None => (None, false),
+    }
 }
 
 fn batch_dir(kind: &str, k: usize, j: usize) -> PathBuf {
@@ -223,20 +372,12 @@ fn batch_dir(kind: &str, k: usize, j: usize) -> PathBuf {
     }
 }
 
-/// BATCH memhogs of 128 MiB, each in its own 64 MiB cgroup: each is OOM-killed.
-fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
-    oom_kills(release, k, BATCH)
-}
-
-/// `n` memhogs of 128 MiB started at once, each in its own 64 MiB cgroup.
-fn oom_kills(
-    release: &Path,
-    k: usize,
-    n: usize,
-) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
+/// BATCH memhogs of 128 MiB started at once, each in its own 64 MiB
+/// cgroup: each is OOM-killed.
+fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<Workload>> {
     let mut children = Vec::new();
-    let mut dirs = Vec::new();
-    for j in 0..n {
+    let mut used = Vec::new();
+    for j in 0..BATCH {
         let dir = batch_dir("oom_kill", k, j);
         std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
         std::fs::write(dir.join("memory.limit_in_bytes"), (64 * MIB).to_string())?;
@@ -249,22 +390,23 @@ fn oom_kills(
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
+        // The shell execs memhog: its pid is the victim's.
+        used.push(Workload {
+            dir,
+            mark: None,
+            pid: Some(child.id()),
+        });
         children.push(child);
-        dirs.push(dir);
     }
     wait_all(children, Duration::from_secs(20))?;
-    Ok(dirs.into_iter().map(|d| (d, None)).collect())
+    Ok(used)
 }
 
 /// BATCH `memwatch exec --soft-cap 32M -- memhog 48 2`: each crosses once.
 /// The reference is memhog's own mark when it has touched 32 MiB (the
 /// kernel stamps the crossing only at its next check, and the cgroup's
 /// usage counts page cache that RSS does not).
-fn soft_cap_batch(
-    release: &Path,
-    agent: &str,
-    k: usize,
-) -> anyhow::Result<Vec<(PathBuf, Option<SystemTime>)>> {
+fn soft_cap_batch(release: &Path, agent: &str, k: usize) -> anyhow::Result<Vec<Workload>> {
     let children = (0..BATCH)
         .map(|j| {
             Command::new(release.join("memwatch"))
@@ -278,15 +420,19 @@ fn soft_cap_batch(
                 .spawn()
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut marks = Vec::new();
+    let mut used = Vec::new();
     for (j, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output()?;
         let mark = memhog::printed(&String::from_utf8_lossy(&out.stdout), "mark")
             .and_then(|ns| u64::try_from(ns).ok())
             .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns));
-        marks.push((batch_dir("soft_cap_exceeded", k, j), mark));
+        used.push(Workload {
+            dir: batch_dir("soft_cap_exceeded", k, j),
+            mark,
+            pid: None,
+        });
     }
-    Ok(marks)
+    Ok(used)
 }
 
 /// Waits for every child, all within `timeout` of the call.

@@ -9,6 +9,13 @@
 //! together, for DURATION. The truth is what the bench itself caused: the
 //! pid of every child and the cgroup it was put in, which children died of
 //! SIGKILL, and the cgroups' own `oom_kill` counters.
+//!
+//! The same storm is watched by the rivals of `bench delay` (see
+//! `delay::rivals`): a `/dev/kmsg` reader, whose `oom-kill:` summary line
+//! (the only one that names the victim's cgroup) the kernel rate-limits,
+//! so the table says how many kills it could put in their cgroup; and
+//! `memory.oom_control` eventfds on every storm cgroup, whose notifications
+//! per cgroup are compared with the kills there.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -26,7 +33,10 @@ use memwatch_test_support::{
 };
 
 use super::{
-    delay::{ms, oom_control_kills},
+    delay::{
+        MEMORY, ms, oom_control_kills,
+        rivals::{Kmsg, KmsgSeen, Thresholds, ThresholdsSeen, Watch},
+    },
     idle::{clock_ticks, cpu_ticks, status_kib},
     release_bins, start_agent,
 };
@@ -93,6 +103,13 @@ pub(super) fn storm() -> anyhow::Result<()> {
 
     let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
     let agent_pid = agent.pid().context("the agent runs")?;
+    // The rivals watch from before the first kill to after the drain.
+    let kmsg = Kmsg::start()?;
+    let thresholds = Thresholds::start(Watch {
+        cgroups: cgroups.0.clone(),
+        parents: Vec::new(),
+        usage_threshold: None,
+    })?;
     let ticks = clock_ticks();
     let cpu_before = cpu_ticks(agent_pid)?;
     let children_before = children_cpu_ms();
@@ -187,12 +204,16 @@ pub(super) fn storm() -> anyhow::Result<()> {
     let rss_kib = status_kib(agent_pid, "VmRSS:")?;
     let hwm_kib = status_kib(agent_pid, "VmHWM:")?;
     drop(agent);
+    let log = kmsg.finish()?;
+    let notified = thresholds.finish()?;
 
     let received = receiver.events();
     let mut deliveries: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_pid: HashMap<u32, BTreeSet<String>> = HashMap::new();
     let (mut misattributed, mut foreign) = (0usize, 0usize);
     let mut delays = Vec::new();
+    // The kernel's stamp of each kill: the rivals' reference too.
+    let mut stamps: HashMap<u32, SystemTime> = HashMap::new();
     let (mut first, mut last) = (None::<SystemTime>, None::<SystemTime>);
     for (arrived, event) in received.iter().filter(|(_, e)| ours(e)) {
         let id = event["id"].as_str().unwrap_or_default().to_string();
@@ -219,6 +240,7 @@ pub(super) fn storm() -> anyhow::Result<()> {
             .and_then(|t| humantime::parse_rfc3339(t).ok())
         {
             delays.push(ms(stamp, *arrived));
+            stamps.entry(pid.unwrap_or_default()).or_insert(stamp);
             first = Some(first.map_or(stamp, |f| f.min(stamp)));
             last = Some(last.map_or(*arrived, |l| l.max(*arrived)));
         }
@@ -268,6 +290,18 @@ pub(super) fn storm() -> anyhow::Result<()> {
         yes(misattributed == 0 && foreign == 0),
         yes(cpu_during < 50.0 && cpu_total < 50.0),
     );
+    print_rivals(
+        Memwatch {
+            delivered,
+            named: delivered - misattributed,
+            delays: &mut delays,
+        },
+        &children,
+        &stamps,
+        &log,
+        &notified,
+        &cgroups.0,
+    );
     if counters != kills as u64 {
         eprintln!(
             "xtask: the cgroups counted {counters} OOM kills, the bench saw {kills} children die of SIGKILL"
@@ -277,6 +311,135 @@ pub(super) fn storm() -> anyhow::Result<()> {
         bail!("{lost} kills lost, {misattributed} misattributed, {foreign} not the bench's");
     }
     Ok(())
+}
+
+/// memwatch's figures in the rivals' table.
+struct Memwatch<'a> {
+    delivered: usize,
+    /// Delivered with the victim's own cgroup.
+    named: usize,
+    delays: &'a mut Vec<f64>,
+}
+
+/// The rivals' table: per watcher, how many of the bench's kills it
+/// reported, how many with their cgroup, and its delay from the kernel's
+/// stamp (memwatch's event `time` of the same pid).
+fn print_rivals(
+    memwatch: Memwatch<'_>,
+    children: &[storm::Child],
+    stamps: &HashMap<u32, SystemTime>,
+    log: &KmsgSeen,
+    notified: &ThresholdsSeen,
+    cgroups: &[PathBuf],
+) {
+    let killed: Vec<&storm::Child> = children.iter().filter(|c| c.killed).collect();
+    let kills = killed.len();
+
+    // The kmsg reader: the kill line of each victim, and a summary line
+    // that names the victim's own cgroup.
+    let mut lines: HashMap<u32, SystemTime> = HashMap::new();
+    for (kill, at) in &log.kills {
+        lines.entry(kill.pid).or_insert(*at);
+    }
+    let root = Path::new(MEMORY);
+    let victims: HashMap<u32, &Path> = killed.iter().map(|c| (c.pid, c.cgroup.as_path())).collect();
+    let ours = log
+        .summaries
+        .iter()
+        .filter(|(s, _)| victims.contains_key(&s.pid))
+        .count();
+    let named: BTreeSet<u32> = log
+        .summaries
+        .iter()
+        .filter(|(s, _)| {
+            victims
+                .get(&s.pid)
+                .is_some_and(|c| root.join(s.task_memcg.trim_start_matches('/')) == *c)
+        })
+        .map(|(s, _)| s.pid)
+        .collect();
+    let mut kmsg_delays: Vec<f64> = killed
+        .iter()
+        .filter_map(|c| Some(ms(*stamps.get(&c.pid)?, *lines.get(&c.pid)?)))
+        .collect();
+    let reported = killed.iter().filter(|c| lines.contains_key(&c.pid)).count();
+
+    // The thresholds: oom_control notifications per cgroup against its
+    // kills. A cgroup's kills come one after another (one worker owns it),
+    // so where the wake-ups match the kills one to one they are paired in
+    // order for a delay.
+    let (mut notifications, mut exact, mut paired) = (0u64, 0usize, 0usize);
+    let (mut more, mut fewer, mut excess) = (0usize, 0usize, 0u64);
+    let mut threshold_delays = Vec::new();
+    for dir in cgroups {
+        let here: Vec<&&storm::Child> = killed.iter().filter(|c| c.cgroup == *dir).collect();
+        let Some(wake) = notified.cgroups.get(dir).and_then(|n| n.oom.as_ref()) else {
+            fewer += usize::from(!here.is_empty());
+            continue;
+        };
+        notifications += wake.count;
+        let killed_here = here.len() as u64;
+        if wake.count != killed_here {
+            more += usize::from(wake.count > killed_here);
+            fewer += usize::from(wake.count < killed_here);
+            excess = excess.max(wake.count.saturating_sub(killed_here));
+            continue;
+        }
+        exact += 1;
+        if wake.times.len() == here.len() {
+            paired += 1;
+            for (c, at) in here.iter().zip(&wake.times) {
+                if let Some(stamp) = stamps.get(&c.pid) {
+                    threshold_delays.push(ms(*stamp, *at));
+                }
+            }
+        }
+    }
+
+    println!(
+        "\nRivals in the same storm ({kills} kills in {} cgroups):\n",
+        cgroups.len()
+    );
+    println!("| watcher | kills reported | with their cgroup | p50 ms | p99 ms | can name |");
+    println!("|---|---|---|---|---|---|");
+    let q = |d: &mut Vec<f64>, p: f64| {
+        let v = quantile(d, p);
+        if v.is_nan() {
+            "–".to_string()
+        } else {
+            format!("{v:.1}")
+        }
+    };
+    println!(
+        "| memwatch -> local webhook | {} of {kills} | {} of {kills} | {} | {} | pid, comm, cgroup, limit cgroup, RSS, task/worker |",
+        memwatch.delivered,
+        memwatch.named,
+        q(memwatch.delays, 0.5),
+        q(memwatch.delays, 0.99),
+    );
+    println!(
+        "| kmsg reader (/dev/kmsg) | {reported} of {kills} | {} of {kills} | {} | {} | pid, comm, RSS; cgroup only on the rate-limited summary line |",
+        named.len(),
+        q(&mut kmsg_delays, 0.5),
+        q(&mut kmsg_delays, 0.99),
+    );
+    println!(
+        "| v1 oom_control eventfds | {notifications} notifications for {kills} kills | {exact} of {} cgroups: one per kill | {} | {} | the cgroup registered on (OOM condition) |",
+        cgroups.len(),
+        q(&mut threshold_delays, 0.5),
+        q(&mut threshold_delays, 0.99),
+    );
+    println!(
+        "\nkmsg: {} records read, {} kill lines, {} oom-kill summary lines ({ours} of the bench's \
+         victims), {} overruns; thresholds: {more} cgroups notified more often than killed \
+         (at most {excess} more), {fewer} less often; delays paired in {paired} cgroups, {} \
+         registrations failed",
+        log.records,
+        log.kills.len(),
+        log.summaries.len(),
+        log.overruns,
+        notified.failed,
+    );
 }
 
 /// User + system CPU of this process's waited-for children, in ms.
