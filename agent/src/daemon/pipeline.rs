@@ -59,6 +59,11 @@ impl Pipeline {
                 body.worker = worker;
                 body.scheduler_worker = self.names.get(victim.pid);
                 let event = self.recorder.record(body, Some(victim.time));
+                let timeline = &self.recorder.metrics().timeline;
+                let read_wall = chrono::Utc::now()
+                    - chrono::Duration::from_std(victim.read_at.elapsed()).unwrap_or_default();
+                timeline.kernel_to_read(EventKind::OomKill, victim.time, read_wall);
+                timeline.read(&event, victim.read_at);
                 // The task's end comes after the kill that ended it.
                 self.monitor.store(task_ended, tokio::time::Instant::now());
                 info!(
@@ -172,6 +177,7 @@ mod tests {
             shmem_rss_bytes: 0,
             total_vm_bytes: 256 << 20,
             trigger_pid: 100,
+            read_at: std::time::Instant::now(),
         }
     }
 

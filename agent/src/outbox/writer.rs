@@ -202,6 +202,9 @@ impl Core {
                 mem.stored_bytes.saturating_sub(mem.limits.max_bytes),
             )
         };
+        if last > 0 {
+            self.metrics.timeline.stored(last);
+        }
         self.newest.send_if_modified(|newest| {
             let grew = last > *newest;
             *newest = (*newest).max(last);

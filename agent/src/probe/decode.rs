@@ -164,6 +164,7 @@ pub(crate) fn oom_victim(
         shmem_rss_bytes: pages(raw.shmem_rss_pages),
         total_vm_bytes: raw.total_vm_pages.saturating_mul(page_size),
         trigger_pid: raw.trigger_tgid,
+        read_at: std::time::Instant::now(),
     })
 }
 

@@ -100,6 +100,8 @@ pub struct OomVictim {
     pub total_vm_bytes: u64,
     /// The process whose allocation triggered the OOM.
     pub trigger_pid: u32,
+    /// When the agent read the record off the ring buffer.
+    pub read_at: std::time::Instant,
 }
 
 impl OomVictim {

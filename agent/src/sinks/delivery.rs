@@ -210,6 +210,7 @@ pub(crate) async fn run_beating<S: Sink>(
             metrics.events_dropped.with_label_values(&["refused"]).inc();
         } else {
             delivered.inc_by(batch.len() as u64);
+            metrics.timeline.sent(&name, &batch);
             limit = (limit * 2).min(delivery.batch_size);
         }
         outbox.ack(&name, last);

@@ -4,6 +4,7 @@
 //! drop reason, probe counter), never a pid or a cgroup. The registry is
 //! made in `main` and passed down.
 
+pub(crate) mod delay;
 pub(crate) mod liveness;
 pub(crate) mod notify;
 
@@ -232,6 +233,8 @@ pub struct Metrics {
     pub memory_pressure_stall: prometheus::CounterVec,
     /// A worker's memory event counters (`memory.events`), by `event`.
     pub memory_events: IntCounterVec,
+    /// Where the delay of OOM kills and soft-cap crossings goes.
+    pub timeline: delay::Timeline,
 }
 
 impl Metrics {
@@ -268,6 +271,7 @@ impl Metrics {
             Box::new(self.memory_pressure.clone()),
             Box::new(self.memory_pressure_stall.clone()),
             Box::new(self.memory_events.clone()),
+            Box::new(self.timeline.seconds.clone()),
         ];
         all.extend(
             self.probe_counters
@@ -465,6 +469,7 @@ impl Metrics {
                 "A worker cgroup's memory events (memory.events; v1: failcnt, oom_control).",
                 &["worker", "event"],
             )?,
+            timeline: delay::Timeline::new()?,
         };
         // The known constraints are series from the start (at 0).
         for constraint in ["cgroup", "global", "unknown"] {
