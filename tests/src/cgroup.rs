@@ -1,10 +1,16 @@
 //! Memory cgroups made by a test, removed whatever happens (on drop, also
 //! after a failed assertion): the agent's own [`OwnedCgroup`] with a name.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use memwatch::{MemoryHierarchy, OwnedCgroup};
 use memwatch_test_support::process::cgroup_exec_line;
+
+use crate::process::Guarded;
 
 pub struct TestCgroup {
     inner: OwnedCgroup,
@@ -54,6 +60,25 @@ impl TestCgroup {
     /// The cgroup's memory usage as the kernel counts it.
     pub fn usage(&self) -> u64 {
         memwatch::working_set(self.path()).unwrap_or(0)
+    }
+
+    /// Starts `memhog MIB 120` inside and waits until the cgroup holds at
+    /// least `MIB - 10` MiB (bounded); memhog is killed on drop.
+    pub fn hog(&self, mib: u64) -> Guarded {
+        const MIB: u64 = 1 << 20;
+        let child = crate::memhog_in(self.path(), mib, 120)
+            .spawn()
+            .expect("spawn memhog");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.usage() < (mib - 10) * MIB {
+            assert!(
+                Instant::now() < deadline,
+                "memhog did not reach {mib} MiB: {}",
+                self.usage()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Guarded(child)
     }
 
     /// SIGKILLs every process in it (the cgroup stays).

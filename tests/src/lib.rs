@@ -27,6 +27,17 @@ use memwatch_test_support::{memhog, process::cgroup_exec_line, webhook::Receiver
 ///
 /// In CI (`CI=true`) they must: not being root there is a failure, not a
 /// skip. Elsewhere they skip with the reason printed.
+/// How much slower than hardware this machine runs the agent: 1, unless
+/// `MEMWATCH_TEST_TIME_SCALE` says otherwise (set by `cargo xtask vm-test`
+/// for VMs under software emulation only).
+pub fn time_scale() -> f64 {
+    std::env::var("MEMWATCH_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| *s >= 1.0)
+        .unwrap_or(1.0)
+}
+
 pub fn kernel_tests_enabled(test: &str) -> bool {
     process::root_or_skip(test, "for BPF and cgroups; run `cargo xtask test` as root")
 }

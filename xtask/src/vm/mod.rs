@@ -25,7 +25,12 @@ use initramfs::{BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END};
 use kernel::Registry;
 
 /// The kernel test binaries of the memwatch-tests crate.
-const KERNEL_TESTS: [&str; 3] = ["kernel_doctor", "kernel_oom", "kernel_watchdog"];
+const KERNEL_TESTS: [&str; 4] = [
+    "kernel_doctor",
+    "kernel_oom",
+    "kernel_pressure",
+    "kernel_watchdog",
+];
 /// Workspace binaries the tests run.
 const BINARIES: [&str; 2] = ["memwatch", "memhog"];
 
