@@ -33,9 +33,17 @@ struct Stamps {
     stored: Option<Instant>,
 }
 
+#[derive(Default)]
+struct Followed {
+    events: BTreeMap<u64, Stamps>,
+    /// Every event up to this seq is stored (an event noted after the
+    /// writer stored it is stored at once).
+    stored_up_to: u64,
+}
+
 #[derive(Clone)]
 pub struct Timeline {
-    followed: Arc<Mutex<BTreeMap<u64, Stamps>>>,
+    followed: Arc<Mutex<Followed>>,
     pub(crate) seconds: HistogramVec,
 }
 
@@ -54,7 +62,7 @@ impl Timeline {
         })
     }
 
-    fn followed(&self) -> MutexGuard<'_, BTreeMap<u64, Stamps>> {
+    fn followed(&self) -> MutexGuard<'_, Followed> {
         self.followed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -84,16 +92,16 @@ impl Timeline {
             _ => return,
         };
         let mut followed = self.followed();
-        followed.insert(
-            event.seq,
-            Stamps {
-                kind,
-                read,
-                stored: None,
-            },
-        );
-        while followed.len() > FOLLOWED {
-            followed.pop_first();
+        let stored = (event.seq <= followed.stored_up_to).then(|| {
+            let now = Instant::now();
+            self.observe(kind, "read_to_stored", "", (now - read).as_secs_f64());
+            now
+        });
+        followed
+            .events
+            .insert(event.seq, Stamps { kind, read, stored });
+        while followed.events.len() > FOLLOWED {
+            followed.events.pop_first();
         }
     }
 
@@ -101,7 +109,9 @@ impl Timeline {
     pub(crate) fn stored(&self, seq: u64) {
         let now = Instant::now();
         let mut followed = self.followed();
+        followed.stored_up_to = followed.stored_up_to.max(seq);
         for (_, stamps) in followed
+            .events
             .range_mut(..=seq)
             .filter(|(_, s)| s.stored.is_none())
         {
@@ -122,7 +132,7 @@ impl Timeline {
         };
         let now = Instant::now();
         let followed = self.followed();
-        for (_, stamps) in followed.range(first.seq..=last.seq) {
+        for (_, stamps) in followed.events.range(first.seq..=last.seq) {
             self.observe(
                 stamps.kind,
                 "read_to_sent",
@@ -209,11 +219,23 @@ mod tests {
             timeline.read(&event(seq, EventKind::OomKill), read);
         }
         let followed = timeline.followed();
-        assert_eq!(followed.len(), FOLLOWED, "bounded");
+        assert_eq!(followed.events.len(), FOLLOWED, "bounded");
         assert_eq!(
-            followed.first_key_value().map(|(k, _)| *k),
+            followed.events.first_key_value().map(|(k, _)| *k),
             Some(15),
             "oldest forgotten"
         );
+    }
+
+    /// The writer may store an event before the recorder notes it read:
+    /// it is then stored at once, not left without its segment.
+    #[test]
+    fn an_event_noted_after_it_was_stored_is_stored_at_once() {
+        let timeline = Timeline::new().unwrap();
+        timeline.stored(5);
+        timeline.read(&event(5, EventKind::OomKill), Instant::now());
+        timeline.sent("webhook", &[event(5, EventKind::OomKill)]);
+        assert_eq!(count(&timeline, "oom_kill", "read_to_stored", ""), 1);
+        assert_eq!(count(&timeline, "oom_kill", "stored_to_sent", "webhook"), 1);
     }
 }

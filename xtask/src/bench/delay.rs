@@ -27,6 +27,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use memwatch_test_support::{
+    http::http_get,
     memhog,
     process::{cgroup_exec_line, wait_timeout},
     stats::quantile,
@@ -44,6 +45,20 @@ use rivals::{Kmsg, KmsgSeen, Thresholds, Watch};
 const EVENTS: usize = 100;
 /// Workloads run at once.
 const BATCH: usize = 10;
+/// Set to run fewer workloads at once (2: no more than the cores here).
+const BATCH_ENV: &str = "MEMWATCH_BENCH_DELAY_BATCH";
+
+/// Workloads run at once: [`BATCH`], or [`BATCH_ENV`]'s (a divisor of
+/// [`EVENTS`]).
+fn at_once() -> anyhow::Result<usize> {
+    let Ok(text) = std::env::var(BATCH_ENV) else {
+        return Ok(BATCH);
+    };
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 && EVENTS.is_multiple_of(n) => Ok(n),
+        _ => bail!("{BATCH_ENV}={text}: a divisor of {EVENTS} is needed"),
+    }
+}
 const MIB: u64 = 1 << 20;
 pub(super) const MEMORY: &str = "/sys/fs/cgroup/memory";
 /// Poll intervals of the comparison pollers.
@@ -225,10 +240,12 @@ pub(super) fn delay() -> anyhow::Result<()> {
     let soft = measure(&receiver, &SOFT, |k| {
         soft_cap_batch(&release, &agent_url, k)
     })?;
+    let metrics = http_get(agent.port, "/metrics")?;
     drop(agent);
 
     println!(
-        "\nDetection delay: kernel time stamp -> seen ({EVENTS} events each; {BATCH} workloads at once)\n"
+        "\nDetection delay: kernel time stamp -> seen ({EVENTS} events each; {} workloads at once)\n",
+        at_once()?
     );
     println!("| event | watcher | p50 ms | p99 ms | missed | cgroup named | can name |");
     println!("|---|---|---|---|---|---|---|");
@@ -269,6 +286,10 @@ pub(super) fn delay() -> anyhow::Result<()> {
     for note in notes {
         println!("{note}");
     }
+    println!(
+        "\nmemwatch's own segments (its memwatch_event_delay_seconds histograms; p50/p99 interpolated within buckets)\n"
+    );
+    print!("{}", super::segments::table(&metrics));
     Ok(())
 }
 
@@ -291,8 +312,9 @@ fn measure(
     mut batch: impl FnMut(usize) -> anyhow::Result<Vec<Workload>>,
 ) -> anyhow::Result<Delays> {
     let mut delays = Delays::default();
-    for k in 0..EVENTS / BATCH {
-        let dirs: Vec<PathBuf> = (0..BATCH).map(|j| batch_dir(kind.name, k, j)).collect();
+    let at_once = at_once()?;
+    for k in 0..EVENTS / at_once {
+        let dirs: Vec<PathBuf> = (0..at_once).map(|j| batch_dir(kind.name, k, j)).collect();
         let files: Vec<PathBuf> = dirs.iter().map(|d| d.join(kind.file)).collect();
         let parent = dirs[0].parent().context("a batch cgroup's parent")?;
         std::fs::create_dir_all(parent).with_context(|| format!("mkdir {}", parent.display()))?;
@@ -372,12 +394,12 @@ fn batch_dir(kind: &str, k: usize, j: usize) -> PathBuf {
     }
 }
 
-/// BATCH memhogs of 128 MiB started at once, each in its own 64 MiB
+/// [`at_once`] memhogs of 128 MiB started at once, each in its own 64 MiB
 /// cgroup: each is OOM-killed.
 fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<Workload>> {
     let mut children = Vec::new();
     let mut used = Vec::new();
-    for j in 0..BATCH {
+    for j in 0..at_once()? {
         let dir = batch_dir("oom_kill", k, j);
         std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
         std::fs::write(dir.join("memory.limit_in_bytes"), (64 * MIB).to_string())?;
@@ -402,12 +424,12 @@ fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<Workload>> {
     Ok(used)
 }
 
-/// BATCH `memwatch exec --soft-cap 32M -- memhog 48 2`: each crosses once.
+/// [`at_once`] `memwatch exec --soft-cap 32M -- memhog 48 2`: each crosses once.
 /// The reference is memhog's own mark when it has touched 32 MiB (the
 /// kernel stamps the crossing only at its next check, and the cgroup's
 /// usage counts page cache that RSS does not).
 fn soft_cap_batch(release: &Path, agent: &str, k: usize) -> anyhow::Result<Vec<Workload>> {
-    let children = (0..BATCH)
+    let children = (0..at_once()?)
         .map(|j| {
             Command::new(release.join("memwatch"))
                 .args(["exec", "--agent", agent, "--soft-cap", "32M"])

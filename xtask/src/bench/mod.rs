@@ -15,7 +15,6 @@ mod delay;
 mod guard;
 mod idle;
 mod overhead;
-#[allow(dead_code)] // until `bench delay` prints it
 mod segments;
 mod storm;
 mod tasks;

@@ -5,11 +5,13 @@
 use memwatch_test_support::metrics::{histogram_quantile, metric};
 
 const NAME: &str = "memwatch_event_delay_seconds";
+/// The name the agent gives the sink of its first `--webhook`.
+const WEBHOOK: &str = "webhook-1";
 const SEGMENTS: [(&str, &str); 4] = [
     ("kernel_to_read", ""),
     ("read_to_stored", ""),
-    ("stored_to_sent", "webhook"),
-    ("read_to_sent", "webhook"),
+    ("stored_to_sent", WEBHOOK),
+    ("read_to_sent", WEBHOOK),
 ];
 
 /// One row per event kind and segment: observations, p50 and p99 in ms.
