@@ -38,7 +38,7 @@ fn exported_metrics() -> BTreeSet<String> {
     names
 }
 
-/// Every `memwatch_…` token in `text`.
+/// Every `memwatch_…` token in `text` (`…_bucket` as its histogram).
 fn metric_tokens(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let mut rest = text;
@@ -47,7 +47,9 @@ fn metric_tokens(text: &str) -> BTreeSet<String> {
         let end = tail
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .unwrap_or(tail.len());
-        found.insert(tail[..end].to_string());
+        // A histogram's buckets are its own series of the same metric.
+        let name = &tail[..end];
+        found.insert(name.strip_suffix("_bucket").unwrap_or(name).to_string());
         rest = &tail[end..];
     }
     found

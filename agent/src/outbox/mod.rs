@@ -171,6 +171,8 @@ struct Mem {
     reserved: u64,
     /// Rows in the store (kept here so appends need no COUNT).
     stored: u64,
+    /// The highest seq in the store (0: none).
+    newest_stored: u64,
     /// Bytes of event JSON in the store (likewise).
     stored_bytes: u64,
     /// Not yet written, oldest first; all newer than anything stored. The
@@ -183,9 +185,6 @@ struct Mem {
     cursors: BTreeMap<String, u64>,
     /// Cursors moved since they were last stored.
     cursors_dirty: bool,
-    /// Each sink's backlog when last counted: what `status` says while a
-    /// write holds the database.
-    backlogs: BTreeMap<String, u64>,
     /// Changes to the kept tasks not yet written, oldest first: written
     /// with the events of the same round (a registration costs one sync,
     /// shared with its `task_started`). At most [`MAX_KEPT_QUEUED`].
@@ -266,6 +265,7 @@ impl Outbox {
         // The last run may have handed out every number it reserved.
         let last = store.last_seq()?;
         let stored = store.count()?;
+        let newest_stored = store.newest_stored()?;
         let stored_bytes = store.bytes()?;
         let epoch: Arc<str> = store.epoch().into();
         // The first block, so that appends number at once; without it
@@ -284,13 +284,13 @@ impl Outbox {
                 next_seq: last + 1,
                 reserved,
                 stored,
+                newest_stored,
                 stored_bytes,
                 pending: VecDeque::new(),
                 in_flight: 0,
                 persist_error: None,
                 cursors: BTreeMap::new(),
                 cursors_dirty: false,
-                backlogs: BTreeMap::new(),
                 kept: VecDeque::new(),
             }),
             room: Condvar::new(),
@@ -496,24 +496,31 @@ impl Outbox {
     }
 
     /// Events `sink` has not acknowledged yet.
+    /// Counts `sink`'s backlog in the database unless a write holds it.
+    /// Off the async runtime: even a read may wait for a frozen disk (a
+    /// read transaction marks the shared-memory index of the log, a page
+    /// write the kernel holds while the file system is frozen).
     pub fn backlog(&self, sink: &str) -> u64 {
-        let store = self.core.try_store();
-        let mut mem = self.core.mem();
-        let acked = mem.cursors.get(sink).copied().unwrap_or(0);
-        sink_backlog(store.as_deref(), &mut mem, sink, acked)
+        off_runtime(|| {
+            let store = self.core.try_store();
+            let mem = self.core.mem();
+            let acked = mem.cursors.get(sink).copied().unwrap_or(0);
+            sink_backlog(store.as_deref(), &mem, acked)
+        })
     }
 
-    /// A snapshot that never waits for the disk: while a write holds the
-    /// database, backlogs are those last counted.
+    /// A snapshot that never touches the disk (the API answers it while a
+    /// disk hangs): each sink's backlog is the stored events after its
+    /// cursor as the newest stored seq and the row count give them (exact
+    /// but for events the drop policy removed between), plus the queue.
     pub fn status(&self) -> OutboxStatus {
-        let store = self.core.try_store();
-        let mut mem = self.core.mem();
+        let mem = self.core.mem();
         let cursors: Vec<(String, u64)> =
             mem.cursors.iter().map(|(k, &v)| (k.clone(), v)).collect();
         let sinks = cursors
             .into_iter()
             .map(|(name, acked_seq)| {
-                let backlog = sink_backlog(store.as_deref(), &mut mem, &name, acked_seq);
+                let backlog = sink_backlog(None, &mem, acked_seq);
                 (name, SinkStatus { acked_seq, backlog })
             })
             .collect();
@@ -734,24 +741,17 @@ fn take_seq(mem: &mut Mem) -> u64 {
 }
 
 /// Events `sink` (acknowledged up to `acked`) has not received: counted
-/// in the database when it is free, else as last counted (or, never
-/// counted, every seq above `acked`).
-fn sink_backlog(store: Option<&Store>, mem: &mut Mem, sink: &str, acked: u64) -> u64 {
+/// in `store` when given, else the stored seqs above `acked` (at most the
+/// rows stored: exact but for events dropped between), plus the queue.
+fn sink_backlog(store: Option<&Store>, mem: &Mem, acked: u64) -> u64 {
     let pending = mem
         .pending
         .iter()
         .filter(|e| e.seq == UNNUMBERED || e.seq > acked)
         .count() as u64;
     let stored = match store.map(|s| s.count_after(acked)) {
-        Some(Ok(n)) => {
-            mem.backlogs.insert(sink.to_string(), n);
-            n
-        }
-        _ => mem
-            .backlogs
-            .get(sink)
-            .copied()
-            .unwrap_or_else(|| (mem.next_seq - 1).saturating_sub(acked).min(mem.stored)),
+        Some(Ok(n)) => n,
+        _ => mem.newest_stored.saturating_sub(acked).min(mem.stored),
     };
     stored + pending
 }

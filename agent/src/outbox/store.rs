@@ -353,6 +353,14 @@ impl Store {
         Ok(n as u64)
     }
 
+    /// The highest seq stored (0: none).
+    pub(crate) fn newest_stored(&self) -> Result<u64, StoreError> {
+        let n: Option<i64> = self
+            .conn
+            .query_row("SELECT MAX(seq) FROM events", [], |r| r.get(0))?;
+        Ok(n.unwrap_or(0) as u64)
+    }
+
     /// Events stored with `seq > after`.
     pub(crate) fn count_after(&self, after: u64) -> Result<u64, StoreError> {
         let n: i64 = self.conn.query_row(

@@ -181,6 +181,7 @@ impl Core {
             match result {
                 Ok(bytes) => {
                     mem.stored += batch.len() as u64;
+                    mem.newest_stored = mem.newest_stored.max(last);
                     mem.stored_bytes += bytes;
                     mem.pending.drain(..batch.len());
                     mem.kept.drain(..kept.len());

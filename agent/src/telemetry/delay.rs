@@ -15,9 +15,9 @@ use std::{
 use chrono::{DateTime, Utc};
 use prometheus::{HistogramOpts, HistogramVec};
 
+use super::EVENT_DELAY_SECONDS;
 use crate::model::event::{Event, EventKind};
 
-pub(crate) const EVENT_DELAY_SECONDS: &str = "memwatch_event_delay_seconds";
 /// Events followed at once at most (a storm forgets the oldest).
 const FOLLOWED: usize = 4096;
 /// Fine at the low end: the agent's own share is meant to be ≤ 2 ms.
@@ -49,7 +49,7 @@ pub struct Timeline {
 
 impl Timeline {
     pub(crate) fn new() -> prometheus::Result<Self> {
-        Ok(Self {
+        let timeline = Self {
             followed: Arc::default(),
             seconds: HistogramVec::new(
                 HistogramOpts::new(
@@ -59,7 +59,19 @@ impl Timeline {
                 .buckets(BUCKETS.to_vec()),
                 &["kind", "segment", "sink"],
             )?,
-        })
+        };
+        // The series every agent has, at 0 from the start (the sinks'
+        // come with their first batch).
+        for (kind, segment) in [
+            (EventKind::OomKill, "kernel_to_read"),
+            (EventKind::OomKill, "read_to_stored"),
+            (EventKind::SoftCapExceeded, "read_to_stored"),
+        ] {
+            timeline
+                .seconds
+                .with_label_values(&[kind.as_str(), segment, ""]);
+        }
+        Ok(timeline)
     }
 
     fn followed(&self) -> MutexGuard<'_, Followed> {

@@ -14,6 +14,7 @@ use tracing_subscriber::EnvFilter;
 
 pub(crate) const OOM_KILLS_TOTAL: &str = "memwatch_oom_kills_total";
 pub(crate) const EVENTS_TOTAL: &str = "memwatch_events_total";
+pub(crate) const EVENT_DELAY_SECONDS: &str = "memwatch_event_delay_seconds";
 pub(crate) const EVENTS_DROPPED_TOTAL: &str = "memwatch_events_dropped_total";
 pub(crate) const PROBE_READY: &str = "memwatch_probe_ready";
 pub(crate) const PROBE_SOURCE: &str = "memwatch_probe_source";
