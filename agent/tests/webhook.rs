@@ -401,6 +401,20 @@ async fn the_python_example_receiver_verifies_both_formats() {
                 .unwrap();
             assert_eq!(answer.status(), 401);
         }
+        // The receiver prints its verdict after it answers: wait for it.
+        wait_until_async(
+            "the refusals' verdicts",
+            Duration::from_secs(10),
+            async || {
+                receiver
+                    .verdicts()
+                    .iter()
+                    .filter(|v| v["verified"] == false)
+                    .count()
+                    >= 2
+            },
+        )
+        .await;
         let verdicts = receiver.verdicts();
         let refused: Vec<_> = verdicts.iter().filter(|v| v["verified"] == false).collect();
         assert_eq!(refused.len(), 2, "{verdicts:?}");
