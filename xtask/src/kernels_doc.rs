@@ -120,7 +120,7 @@ pub(crate) fn render(outcomes: &[Outcome], accel: &str) -> String {
     out.push_str(&format!(
         "\nVMs: {accel}, 2 vCPUs, 2 GiB, kernel command line `console=ttyS0 panic=-1 \
          loglevel=4 cgroup_no_v1=all`. Boot time is QEMU start to the init script's first\n\
-         line; test time is the rest (the three kernel test binaries and the doctor).\n\
+         line; test time is the rest (the kernel test binaries and the doctor).\n\
          Under TCG the tests' latency bounds (tens of milliseconds) are multiplied by\n\
          `MEMWATCH_TEST_TIME_SCALE` (4): emulated user space runs some ten times slower.\n\
          Run it with `cargo xtask vm-test` (all of the above) or\n\
