@@ -42,6 +42,9 @@ pub use probe::{
 };
 /// A configured sink, as `Config::sinks` holds it.
 pub use sinks::SinkConfig;
+pub use sinks::kubernetes::{
+    API_USES as KUBERNETES_API_USES, KubernetesSinkConfig, objects as kubernetes_objects,
+};
 pub use sinks::{
     config::{Delivery, Secret},
     delivery::run as deliver,

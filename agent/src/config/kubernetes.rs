@@ -1,16 +1,79 @@
-//! `[kubernetes]`: pods of the node as tasks of a worker.
+//! `[kubernetes]`: pods of the node as tasks of a worker, and (with
+//! `api = true`) the Kubernetes sink: a node condition, a taint under the
+//! cluster guard, Events, pods by name (sinks/kubernetes).
+
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
-use crate::model::spec::{HOST_WORKER, WorkerSpec};
+use crate::{
+    model::spec::{HOST_WORKER, WorkerSpec},
+    sinks::{
+        config::{Delivery, SinkTable},
+        kubernetes::{ApiKeys, KubernetesSinkConfig},
+    },
+};
 
-/// `[kubernetes]` as written.
+/// `[kubernetes]` as written, but for the delivery keys (taken out first).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesFile {
     pub pod_tasks: Option<bool>,
     pub worker: Option<String>,
+    pub api: Option<bool>,
+    pub api_server: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub condition: Option<bool>,
+    pub taint: Option<bool>,
+    pub events: Option<bool>,
+    pub pod_names: Option<bool>,
+    pub min_remaining: Option<usize>,
+    pub min_remaining_fraction: Option<f64>,
+}
+
+/// Reads the `[kubernetes]` table: its pod-task settings, and the sink
+/// when `api = true`. A key of the API written while `api` is off is an
+/// error naming it (it would do nothing).
+pub(crate) fn read(
+    table: toml::Table,
+) -> Result<(Kubernetes, Option<KubernetesSinkConfig>), ConfigError> {
+    let mut table = SinkTable::single("kubernetes", table);
+    let delivery = table.delivery(Delivery::default(), true)?;
+    let written_delivery = delivery != Delivery::default();
+    let file: KubernetesFile = table.rest()?;
+    let settings = Kubernetes {
+        pod_tasks: file.pod_tasks.unwrap_or(false),
+        worker: file.worker,
+    };
+    let keys = ApiKeys {
+        api_server: file.api_server,
+        token_file: file.token_file,
+        ca_file: file.ca_file,
+        condition: file.condition,
+        taint: file.taint,
+        events: file.events,
+        pod_names: file.pod_names,
+        min_remaining: file.min_remaining,
+        min_remaining_fraction: file.min_remaining_fraction,
+    };
+    if !file.api.unwrap_or(false) {
+        if let Some(key) = keys
+            .written()
+            .first()
+            .copied()
+            .or(written_delivery.then_some("timeout"))
+        {
+            return Err(invalid(
+                format!("kubernetes.{key}"),
+                "needs `api = true` (the agent talks to the Kubernetes API only then)",
+            ));
+        }
+        return Ok((settings, None));
+    }
+    let sink = KubernetesSinkConfig::from_keys(&table, delivery, keys)?;
+    Ok((settings, Some(sink)))
 }
 
 /// Kubernetes settings after defaults.
@@ -22,15 +85,6 @@ pub struct Kubernetes {
     /// The worker the pods belong to: by default the only declared worker,
     /// or the whole host when none is declared.
     pub worker: Option<String>,
-}
-
-impl From<KubernetesFile> for Kubernetes {
-    fn from(f: KubernetesFile) -> Self {
-        Self {
-            pod_tasks: f.pod_tasks.unwrap_or(false),
-            worker: f.worker,
-        }
-    }
 }
 
 impl Kubernetes {

@@ -13,7 +13,7 @@ use std::{
 
 use serde::Deserialize;
 
-pub(crate) use self::kubernetes::{Kubernetes, KubernetesFile};
+pub(crate) use self::kubernetes::Kubernetes;
 use crate::{
     model::{
         spec::{
@@ -186,7 +186,10 @@ pub(crate) struct FileConfig {
     pub worker: Vec<WorkerConfig>,
     #[serde(default)]
     pub rule: Vec<RuleConfig>,
-    pub kubernetes: Option<KubernetesFile>,
+    /// Read by hand before the rest (config/kubernetes.rs): the table
+    /// also holds a sink's delivery keys.
+    #[serde(skip)]
+    pub kubernetes: Option<Kubernetes>,
 }
 
 /// `[[worker]]`: exactly one of `cgroup`, `pid`, `process`.
@@ -356,7 +359,7 @@ impl Config {
             rule,
             kubernetes,
         } = file;
-        self.kubernetes = kubernetes.map(Kubernetes::from).unwrap_or_default();
+        self.kubernetes = kubernetes.unwrap_or_default();
         if let Some(v) = state_dir {
             self.state_dir = v;
         }
@@ -568,8 +571,18 @@ fn parse_file(path: &Path) -> Result<(FileConfig, Vec<SinkConfig>), ConfigError>
             }
         }
     }
-    let file = FileConfig::deserialize(toml::Value::Table(table))
+    let kubernetes = match table.remove("kubernetes") {
+        Some(toml::Value::Table(k)) => {
+            let (settings, sink) = kubernetes::read(k)?;
+            sinks.extend(sink.map(SinkConfig::Kubernetes));
+            Some(settings)
+        }
+        Some(_) => return Err(invalid("kubernetes", "must be a table: [kubernetes]")),
+        None => None,
+    };
+    let mut file = FileConfig::deserialize(toml::Value::Table(table))
         .map_err(|e| parse_error(e.to_string()))?;
+    file.kubernetes = kubernetes;
     Ok((file, sinks))
 }
 

@@ -321,6 +321,71 @@ fn kubernetes_pod_tasks_go_to_the_host_or_the_named_worker() {
     }
 }
 
+#[test]
+fn kubernetes_api_is_one_sink_of_the_same_table() {
+    let sink = |c: &Config| {
+        c.sinks.iter().find_map(|s| match s {
+            SinkConfig::Kubernetes(k) => Some(k.clone()),
+            _ => None,
+        })
+    };
+    let f = file("[kubernetes]\npod_tasks = true\n");
+    assert!(sink(&Config::load(Some(f.path()), &Overrides::default()).unwrap()).is_none());
+    let f = file("[kubernetes]\npod_tasks = true\napi = true\n");
+    let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    assert!(c.kubernetes.pod_tasks);
+    let k = sink(&c).expect("api = true starts the sink");
+    assert_eq!(c.sinks[0].name(), "kubernetes");
+    assert!(k.condition && k.events && k.pod_names && !k.taint, "{k:?}");
+    assert_eq!(k.api_server, None, "in-cluster by default");
+    assert_eq!(
+        k.ca_file.as_deref(),
+        Some(Path::new(crate::sinks::kubernetes::config::DEFAULT_CA_FILE))
+    );
+    let f = file(
+        "[kubernetes]\napi = true\ntaint = true\nmin_remaining = 2\n\
+         api_server = \"http://127.0.0.1:6443/\"\ntimeout = \"3s\"\n",
+    );
+    let c = Config::load(Some(f.path()), &Overrides::default()).unwrap();
+    let k = sink(&c).unwrap();
+    assert!(k.taint);
+    assert_eq!(k.guard.min_remaining, 2);
+    assert_eq!(k.api_server.as_deref(), Some("http://127.0.0.1:6443"));
+    assert_eq!(k.ca_file, None, "plain http to loopback has no CA");
+    assert_eq!(k.delivery.timeout, std::time::Duration::from_secs(3));
+    for (text, expected) in [
+        (
+            "[kubernetes]\ntaint = true\n",
+            "`kubernetes.taint` needs `api = true`",
+        ),
+        (
+            "[kubernetes]\ntimeout = \"1s\"\n",
+            "`kubernetes.timeout` needs `api = true`",
+        ),
+        (
+            "[kubernetes]\napi = true\napi_server = \"http://10.0.0.1\"\n",
+            "`kubernetes.api_server` must be https://",
+        ),
+        (
+            "[kubernetes]\napi = true\nmin_remaining_fraction = 2.0\n",
+            "`kubernetes.min_remaining_fraction` must be between 0 and 1",
+        ),
+        (
+            "[kubernetes]\napi = true\ntimeout = \"0s\"\n",
+            "`kubernetes.timeout` must be more than 0",
+        ),
+        (
+            "[kubernetes]\napi = true\ntaints = true\n",
+            "unknown field `taints`",
+        ),
+        ("kubernetes = 1\n", "`kubernetes` must be a table"),
+    ] {
+        let f = file(text);
+        let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains(expected), "{text}: {err}");
+    }
+}
+
 fn webhooks(c: &Config) -> Vec<&WebhookConfig> {
     c.sinks
         .iter()

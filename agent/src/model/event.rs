@@ -185,6 +185,15 @@ pub struct EventBody {
     /// Container runtime id, when `cgroup` is a pod container's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The pod's namespace, name, and the container's name, with `pod_uid`
+    /// when the agent watches the node's pods (`[kubernetes] api = true`)
+    /// and knows the pod (model/pod.rs `PodNames`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_name: Option<String>,
     /// The pod's QoS class: `guaranteed`, `burstable`, `besteffort`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos_class: Option<crate::model::pod::QosClass>,
@@ -233,6 +242,9 @@ impl EventBody {
             state: None,
             pod_uid: None,
             container_id: None,
+            pod_namespace: None,
+            pod_name: None,
+            container_name: None,
             qos_class: None,
             recovered: None,
             count: None,

@@ -84,27 +84,54 @@ impl Default for Delivery {
     }
 }
 
-/// One `[[<kind>]]` table of the config file, being read.
+/// One `[[<kind>]]` table of the config file (or the one `[<kind>]` table
+/// of a sink there is one of: `[kubernetes]`), being read.
 #[derive(Debug)]
 pub struct SinkTable {
     kind: &'static str,
-    index: usize,
+    /// `None` for a single `[kind]` table.
+    index: Option<usize>,
     table: toml::Table,
 }
 
 impl SinkTable {
     pub fn new(kind: &'static str, index: usize, table: toml::Table) -> Self {
-        Self { kind, index, table }
+        Self {
+            kind,
+            index: Some(index),
+            table,
+        }
+    }
+
+    /// The one `[kind]` table: its keys are named `kind.key`.
+    pub fn single(kind: &'static str, table: toml::Table) -> Self {
+        Self {
+            kind,
+            index: None,
+            table,
+        }
+    }
+
+    /// The table as errors name it: `webhook[0]`, `kubernetes`.
+    fn path(&self) -> String {
+        match self.index {
+            Some(index) => format!("{}[{index}]", self.kind),
+            None => self.kind.to_string(),
+        }
     }
 
     /// A key of this table as errors name it: `webhook[0].url`.
     pub fn key(&self, name: &str) -> String {
-        format!("{}[{}].{name}", self.kind, self.index)
+        format!("{}.{name}", self.path())
     }
 
     /// The name a sink gets when its table gives none: `webhook-1`, …
+    /// (`kubernetes` for a single table).
     pub fn default_name(&self) -> String {
-        format!("{}-{}", self.kind, self.index + 1)
+        match self.index {
+            Some(index) => format!("{}-{}", self.kind, index + 1),
+            None => self.kind.to_string(),
+        }
     }
 
     pub fn invalid(&self, name: &str, problem: impl Into<String>) -> InvalidKey {
@@ -199,7 +226,7 @@ impl SinkTable {
     /// fields: the error names the table).
     pub fn rest<T: DeserializeOwned>(&self) -> Result<T, InvalidKey> {
         T::deserialize(toml::Value::Table(self.table.clone())).map_err(|e| InvalidKey {
-            key: format!("{}[{}]", self.kind, self.index),
+            key: self.path(),
             problem: e.to_string().trim_end().to_string(),
         })
     }

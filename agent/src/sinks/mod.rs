@@ -1,7 +1,7 @@
 //! Where events go after the outbox: the [`Sink`](delivery::Sink) trait and
 //! the one delivery loop every sink runs (delivery.rs), the cluster guard
 //! of the sinks that act on a scheduler (guard.rs), and one folder per sink
-//! that owns its config type: webhook, nats, dask, slurm.
+//! that owns its config type: webhook, nats, dask, slurm, kubernetes.
 //!
 //! Adding a sink touches its own folder and one line of [`sinks!`] below
 //! (docs/writing-a-sink.md).
@@ -10,6 +10,7 @@ pub(crate) mod config;
 pub(crate) mod dask;
 pub(crate) mod delivery;
 pub(crate) mod guard;
+pub mod kubernetes;
 pub(crate) mod nats;
 pub(crate) mod slurm;
 pub(crate) mod webhook;
@@ -22,6 +23,7 @@ use self::{
     config::{InvalidKey, SinkTable},
     dask::{DaskConfig, names::SchedulerNames},
     delivery::Sink,
+    kubernetes::KubernetesSinkConfig,
     nats::NatsConfig,
     slurm::SlurmConfig,
     webhook::WebhookConfig,
@@ -176,12 +178,15 @@ pub(crate) trait Start {
 
 /// The registry: each line names a config table and the sink's config type
 /// (which implements [`Start`] and has `from_table(SinkTable)`).
+/// The single-table sinks after `;` are read by their own table's reader
+/// (`[kubernetes]`: config/kubernetes.rs), not as `[[table]]`s.
 macro_rules! sinks {
-    ($($table:literal => $variant:ident($config:ty)),+ $(,)?) => {
+    ($($table:literal => $variant:ident($config:ty)),+ ; $($single:ident($sconfig:ty)),* $(,)?) => {
         /// One configured sink, of any kind.
         #[derive(Clone, Debug, PartialEq)]
         pub enum SinkConfig {
-            $($variant($config)),+
+            $($variant($config),)+
+            $($single($sconfig),)*
         }
 
         /// The config file's sink tables: `[[webhook]]`, …
@@ -205,7 +210,8 @@ macro_rules! sinks {
 
             fn kind(&self) -> &dyn Start {
                 match self {
-                    $(Self::$variant(config) => config),+
+                    $(Self::$variant(config) => config,)+
+                    $(Self::$single(config) => config,)*
                 }
             }
         }
@@ -216,7 +222,8 @@ sinks! {
     "webhook" => Webhook(WebhookConfig),
     "nats" => Nats(NatsConfig),
     "dask" => Dask(DaskConfig),
-    "slurm" => Slurm(SlurmConfig),
+    "slurm" => Slurm(SlurmConfig);
+    Kubernetes(KubernetesSinkConfig),
 }
 
 impl SinkConfig {
