@@ -7,14 +7,19 @@
 //! cluster, so `lookup` finds nothing and the Prometheus operator's API is
 //! not served; or with `--api-versions` naming the operator's kinds; or as
 //! an upgrade against a stub API server that serves the release's Secrets
-//! to `lookup` (deploy/check/render_chart.py).
+//! to `lookup` (deploy/check/render_chart.py). The RBAC rules are compared
+//! with the API calls the code makes, and the admission policy's CEL is
+//! evaluated offline by cel-python (deploy/check/admission_policy.py)
+//! against the agent's own patches and others.
 
 use std::{
+    collections::BTreeSet,
     fs,
     path::{Path, PathBuf},
+    process::Command,
 };
 
-use memwatch::{Config, Overrides};
+use memwatch::{Config, KubernetesSinkConfig, Overrides, SinkConfig};
 use memwatch_tests::ops::{
     self, documented_capabilities, kubernetes_validate, render_chart_with, repo, try_render_chart,
 };
@@ -22,6 +27,16 @@ use serde_json::Value;
 
 /// Kinds of the Prometheus operator: no schema ships for CRDs.
 const CRD_KINDS: [&str; 2] = ["PrometheusRule", "ServiceMonitor"];
+
+/// The kinds rendered for the Kubernetes API (`kubernetes.api`, the
+/// default): RBAC and the admission policy, as kubernetes-validate names
+/// them.
+const API_KINDS: [&str; 4] = [
+    "clusterrole",
+    "clusterrolebinding",
+    "validatingadmissionpolicy",
+    "validatingadmissionpolicybinding",
+];
 
 /// The text of `file` after `marker` (a YAML key opening a block), each
 /// line with `indent` taken off where it has it.
@@ -177,17 +192,16 @@ fn names(array: &Value) -> Vec<&str> {
 #[test]
 fn raw_manifests_pass_the_kubernetes_schemas() {
     let files = raw_manifests();
-    assert!(files.len() >= 5, "{files:?}");
-    assert_valid(
-        &files,
-        &[
-            "daemonset",
-            "configmap",
-            "service",
-            "namespace",
-            "serviceaccount",
-        ],
-    );
+    assert!(files.len() >= 7, "{files:?}");
+    let mut expected = vec![
+        "daemonset",
+        "configmap",
+        "service",
+        "namespace",
+        "serviceaccount",
+    ];
+    expected.extend(API_KINDS);
+    assert_valid(&files, &expected);
 }
 
 #[test]
@@ -211,18 +225,58 @@ fn raw_configmap_holds_a_config_the_agent_accepts() {
     let config = assert_agent_accepts(&toml);
     assert!(config.kubernetes.pod_tasks);
     assert_eq!(config.listen.port(), 9750);
+    // The Kubernetes API is on, the taint off, the guard at its defaults.
+    let sink = kubernetes_sink(&config).expect("[kubernetes] api = true");
+    assert!(sink.condition && sink.events && sink.pod_names, "{sink:?}");
+    assert!(!sink.taint, "{sink:?}");
+    assert_eq!(sink.guard.min_remaining, 1);
+    assert_eq!(sink.guard.min_remaining_fraction, 0.5);
+    // The pod mounts its ServiceAccount's token for it.
+    let pod = yaml_docs(&repo().join("deploy/kubernetes/daemonset.yaml"));
+    assert_eq!(
+        pod[0]["spec"]["template"]["spec"]["automountServiceAccountToken"],
+        true
+    );
+    let account = yaml_docs(&repo().join("deploy/kubernetes/serviceaccount.yaml"));
+    assert_eq!(account[0]["automountServiceAccountToken"], true);
+}
+
+/// The Kubernetes sink of a loaded config (`[kubernetes] api = true`).
+fn kubernetes_sink(config: &Config) -> Option<&KubernetesSinkConfig> {
+    config.sinks.iter().find_map(|s| match s {
+        SinkConfig::Kubernetes(k) => Some(k),
+        _ => None,
+    })
 }
 
 #[test]
 fn helm_chart_renders_valid_manifests_and_a_config_the_agent_accepts() {
     // (values, workers, webhooks, pod tasks, the Prometheus operator's kinds
-    // rendered, the chart's token Secret rendered)
-    for (file, workers, webhooks, pod_tasks, operator, secret) in [
+    // rendered, the chart's token Secret rendered, the Kubernetes API: its
+    // taint and guard (min_remaining, min_remaining_fraction))
+    let defaults = Some((false, 1, 0.5));
+    for (file, workers, webhooks, pod_tasks, operator, secret, api) in [
         // Defaults: operator kinds `auto`, and no cluster serves them here.
-        (None, 0, 0, true, false, true),
-        (Some("values-full.yaml"), 1, 1, true, true, true),
-        (Some("values-minimal.yaml"), 0, 0, false, false, true),
-        (Some("values-operator-off.yaml"), 0, 0, true, false, true),
+        (None, 0, 0, true, false, true, defaults),
+        (
+            Some("values-full.yaml"),
+            1,
+            1,
+            true,
+            true,
+            true,
+            Some((true, 2, 0.25)),
+        ),
+        (Some("values-minimal.yaml"), 0, 0, false, false, true, None),
+        (
+            Some("values-operator-off.yaml"),
+            0,
+            0,
+            true,
+            false,
+            true,
+            defaults,
+        ),
         (
             Some("values-existing-secrets.yaml"),
             0,
@@ -230,13 +284,17 @@ fn helm_chart_renders_valid_manifests_and_a_config_the_agent_accepts() {
             true,
             false,
             false,
+            defaults,
         ),
-        (Some("values-usual.yaml"), 0, 0, true, false, true),
+        (Some("values-usual.yaml"), 0, 0, true, false, true, defaults),
     ] {
         let path = file.map(values);
         let mut expected = vec!["daemonset", "configmap", "service"];
         if secret {
             expected.push("secret");
+        }
+        if api.is_some() {
+            expected.extend(API_KINDS);
         }
         let chart = Chart::render(path.as_deref(), &expected);
         let toml = &chart.toml;
@@ -261,6 +319,23 @@ fn helm_chart_renders_valid_manifests_and_a_config_the_agent_accepts() {
             );
         }
         assert_eq!(chart.all("Secret").len(), usize::from(secret), "{file:?}");
+        let sink = kubernetes_sink(&config);
+        assert_eq!(sink.is_some(), api.is_some(), "{file:?}: {toml}");
+        if let (Some(sink), Some((taint, min_remaining, fraction))) = (sink, api) {
+            assert!(sink.condition && sink.events && sink.pod_names, "{sink:?}");
+            assert_eq!(sink.taint, taint, "{file:?}: {toml}");
+            assert_eq!(sink.guard.min_remaining, min_remaining, "{file:?}");
+            assert_eq!(sink.guard.min_remaining_fraction, fraction, "{file:?}");
+        }
+        let automount = api.is_some();
+        assert_eq!(
+            chart.pod()["spec"]["automountServiceAccountToken"],
+            automount,
+            "{file:?}"
+        );
+        for account in chart.all("ServiceAccount") {
+            assert_eq!(account["automountServiceAccountToken"], automount);
+        }
     }
 }
 
@@ -346,7 +421,8 @@ fn helm_chart_takes_the_usual_values() {
     assert_eq!(names(&spec["imagePullSecrets"]), ["regcred"]);
     assert_eq!(spec["serviceAccountName"], "node-agents");
     assert!(chart.all("ServiceAccount").is_empty(), "create: false");
-    assert_eq!(spec["automountServiceAccountToken"], false);
+    // The Kubernetes API is on by default: the named account's token.
+    assert_eq!(spec["automountServiceAccountToken"], true);
     assert!(spec.get("priorityClassName").is_none(), "\"\": none");
     assert_eq!(spec["nodeSelector"]["node-role.example.com/batch"], "true");
     assert_eq!(spec["tolerations"][0]["key"], "gpu");
@@ -568,4 +644,711 @@ fn helm_chart_installs_memwatchs_seccomp_profile_when_asked() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("--output"));
+}
+
+/// The YAML documents of `path`, parsed (PyYAML: no YAML crate here).
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    ops::python_tools();
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; json.dump([d for d in yaml.safe_load_all(open(sys.argv[1])) if d], sys.stdout)",
+        ])
+        .arg(path)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}: {out:?}", path.display());
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The raw manifests, every document of deploy/kubernetes.
+fn raw_docs() -> Vec<Value> {
+    raw_manifests().iter().flat_map(|f| yaml_docs(f)).collect()
+}
+
+/// The one document of `kind` in `docs`.
+fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind}: {found:?}");
+    found[0]
+}
+
+fn strings(array: &Value) -> Vec<&str> {
+    array
+        .as_array()
+        .unwrap_or_else(|| panic!("an array: {array}"))
+        .iter()
+        .map(|v| v.as_str().unwrap_or_else(|| panic!("a string: {v}")))
+        .collect()
+}
+
+/// (apiGroup, resource, verb)
+type Grant = (String, String, String);
+
+/// What a ClusterRole grants, rule by rule; a wildcard, a non-resource URL
+/// or an aggregation rule (which grants whatever other roles do) fails.
+fn grants(role: &Value) -> BTreeSet<Grant> {
+    assert!(role.get("aggregationRule").is_none(), "{role}");
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        assert!(rule.get("nonResourceURLs").is_none(), "{rule}");
+        let (groups, resources, verbs) = (
+            strings(&rule["apiGroups"]),
+            strings(&rule["resources"]),
+            strings(&rule["verbs"]),
+        );
+        for name in groups.iter().chain(&resources).chain(&verbs) {
+            assert!(!name.contains('*'), "a wildcard in {rule}");
+        }
+        for group in &groups {
+            for resource in &resources {
+                for verb in &verbs {
+                    out.insert((group.to_string(), resource.to_string(), verb.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The calls the Kubernetes sink makes.
+fn api_uses() -> BTreeSet<Grant> {
+    memwatch::KUBERNETES_API_USES
+        .iter()
+        .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The pods' ServiceAccount: (namespace, name), from the DaemonSet's pod
+/// template and the ServiceAccount (or, not made, the namespace's).
+fn service_account(docs: &[Value]) -> (String, String) {
+    let ds = one(docs, "DaemonSet");
+    let name = ds["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName")
+        .to_string();
+    let namespace = ds["metadata"]["namespace"].as_str().unwrap().to_string();
+    if let Some(account) = docs
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == name.as_str())
+    {
+        assert_eq!(account["metadata"]["namespace"], namespace.as_str());
+    }
+    (namespace, name)
+}
+
+/// The ClusterRole in `docs` grants exactly the sink's calls, and the
+/// ClusterRoleBinding binds it to the pods' ServiceAccount only.
+fn assert_rbac_is_the_calls(what: &str, docs: &[Value]) {
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Role" || d["kind"] == "RoleBinding"),
+        "{what}: no namespaced RBAC"
+    );
+    let role = one(docs, "ClusterRole");
+    let granted = grants(role);
+    let calls = api_uses();
+    assert!(
+        granted == calls,
+        "{what}: the ClusterRole against memwatch::KUBERNETES_API_USES: missing {:?}, extra {:?}",
+        calls.difference(&granted).collect::<Vec<_>>(),
+        granted.difference(&calls).collect::<Vec<_>>()
+    );
+    let binding = one(docs, "ClusterRoleBinding");
+    assert_eq!(
+        binding["roleRef"],
+        serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": role["metadata"]["name"]}),
+        "{what}"
+    );
+    let (namespace, name) = service_account(docs);
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}]),
+        "{what}"
+    );
+}
+
+#[test]
+fn rbac_grants_exactly_what_the_code_calls() {
+    // The calls the code declares: nodes, their status, pods, Events.
+    assert_eq!(api_uses().len(), memwatch::KUBERNETES_API_USES.len());
+    assert_rbac_is_the_calls("deploy/kubernetes", &raw_docs());
+    let chart = Chart::render(None, &["clusterrole", "clusterrolebinding"]);
+    assert_rbac_is_the_calls("the chart", &chart.docs);
+    assert_eq!(
+        chart.one("ClusterRole")["metadata"]["name"],
+        "memwatch-memwatch",
+        "cluster-scoped: <namespace>-<fullname>"
+    );
+    // An existing ServiceAccount (create: false) is the one bound.
+    let chart = Chart::render(Some(&values("values-usual.yaml")), &["clusterrole"]);
+    assert_rbac_is_the_calls("the chart, values-usual.yaml", &chart.docs);
+    assert_eq!(
+        chart.one("ClusterRoleBinding")["subjects"][0]["name"],
+        "node-agents"
+    );
+
+    // The check means something: a wildcard, an extra verb, a missing one.
+    let raw = raw_docs();
+    let role = one(&raw, "ClusterRole").clone();
+    let mut wildcard = role.clone();
+    wildcard["rules"][0]["verbs"] = serde_json::json!(["*"]);
+    assert!(std::panic::catch_unwind(|| grants(&wildcard)).is_err());
+    let mut extra = role.clone();
+    extra["rules"][2]["verbs"] = serde_json::json!(["get", "list", "watch"]);
+    assert_ne!(grants(&extra), api_uses());
+    let mut missing = role;
+    missing["rules"].as_array_mut().unwrap().pop();
+    assert_ne!(grants(&missing), api_uses());
+}
+
+#[test]
+fn helm_chart_without_the_api_renders_no_rbac_and_mounts_no_token() {
+    let api_kinds = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    // kubernetes.api: false (values-minimal.yaml).
+    let chart = Chart::render(
+        Some(&values("values-minimal.yaml")),
+        &["daemonset", "serviceaccount"],
+    );
+    for kind in api_kinds {
+        assert!(chart.all(kind).is_empty(), "{kind}: {:?}", chart.kinds());
+    }
+    assert_eq!(chart.pod()["spec"]["automountServiceAccountToken"], false);
+    assert_eq!(
+        chart.one("ServiceAccount")["automountServiceAccountToken"],
+        false
+    );
+    assert!(!chart.toml.contains("api ="), "{}", chart.toml);
+    assert!(kubernetes_sink(&assert_agent_accepts(&chart.toml)).is_none());
+
+    // The API on, RBAC or the policy left to the cluster's admins.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, absent) in [
+        ("no-rbac.yaml", "rbac:\n  create: false\n", &api_kinds[..2]),
+        (
+            "no-policy.yaml",
+            "admissionPolicy:\n  enabled: false\n",
+            &api_kinds[2..],
+        ),
+    ] {
+        let path = dir.path().join(name);
+        fs::write(&path, text).unwrap();
+        let chart = Chart::render(Some(&path), &["daemonset"]);
+        for kind in api_kinds {
+            assert_eq!(
+                chart.all(kind).is_empty(),
+                absent.contains(&kind),
+                "{name}: {kind}"
+            );
+        }
+        assert_eq!(chart.pod()["spec"]["automountServiceAccountToken"], true);
+        assert!(kubernetes_sink(&assert_agent_accepts(&chart.toml)).is_some());
+    }
+}
+
+/// The node-name claim of pods' ServiceAccount tokens (Kubernetes 1.32+).
+const NODE_CLAIM: &str = "authentication.kubernetes.io/node-name";
+
+/// Every CEL expression of the policy, one after the other.
+fn policy_cel(policy: &Value) -> String {
+    let spec = &policy["spec"];
+    ["matchConditions", "variables", "validations"]
+        .iter()
+        .flat_map(|key| spec[key].as_array().cloned().unwrap_or_default())
+        .map(|e| e["expression"].as_str().expect("expression").to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The properties of a Kubernetes 1.37 kind (`nodespec`) in
+/// kubernetes-validate's schemas.
+fn schema_properties(kind: &str) -> BTreeSet<String> {
+    ops::python_tools();
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import kubernetes_validate, os; print(os.path.dirname(kubernetes_validate.__file__))",
+        ])
+        .output()
+        .expect("python3");
+    let dir = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        .join("kubernetes-json-schema/v1.37.0-local-strict");
+    let path = dir.join(format!("{kind}-v1.json"));
+    let schema: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    schema["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{}", path.display()))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// The policy and its binding in `docs`: the binding names the policy and
+/// denies; the policy matches the pods' ServiceAccount only, node and node
+/// status updates, and checks the token's node-name claim.
+fn assert_policy_binds_the_service_account(what: &str, docs: &[Value]) {
+    let policy = one(docs, "ValidatingAdmissionPolicy");
+    let binding = one(docs, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(
+        binding["spec"]["policyName"], policy["metadata"]["name"],
+        "{what}"
+    );
+    assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+    let spec = &policy["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail", "{what}");
+    let (namespace, name) = service_account(docs);
+    let conditions = spec["matchConditions"].as_array().expect("matchConditions");
+    assert_eq!(conditions.len(), 1, "{what}");
+    assert_eq!(
+        conditions[0]["expression"],
+        format!("request.userInfo.username == 'system:serviceaccount:{namespace}:{name}'"),
+        "{what}"
+    );
+    let rules = spec["matchConstraints"]["resourceRules"]
+        .as_array()
+        .unwrap();
+    let matched: BTreeSet<&str> = rules
+        .iter()
+        .flat_map(|r| strings(&r["resources"]))
+        .collect();
+    assert_eq!(matched, BTreeSet::from(["nodes", "nodes/status"]), "{what}");
+    for rule in rules {
+        assert_eq!(strings(&rule["operations"]), ["UPDATE"], "{what}");
+        assert_eq!(strings(&rule["apiGroups"]), [""], "{what}");
+    }
+    let cel = policy_cel(policy);
+    for needed in [
+        format!("'{NODE_CLAIM}' in request.userInfo.extra"),
+        "has(request.userInfo.extra)".to_string(),
+        "object.metadata.name in variables.tokenNodes".to_string(),
+        "memwatch.io/unhealthy".to_string(),
+        "MemwatchUnhealthy".to_string(),
+    ] {
+        assert!(cel.contains(&needed), "{what}: {needed} in\n{cel}");
+    }
+    // "No other field": every spec field but taints and every status field
+    // but conditions of the 1.37 Node is compared, old against new.
+    for (part, kind, own) in [
+        ("spec", "nodespec", "taints"),
+        ("status", "nodestatus", "conditions"),
+    ] {
+        for field in schema_properties(kind) {
+            let compared = format!(
+                "(has(object.{part}.{field}) ? [object.{part}.{field}] : []) == \
+                 (has(oldObject.{part}.{field}) ? [oldObject.{part}.{field}] : [])"
+            );
+            assert!(
+                field == own || cel.contains(&compared),
+                "{what}: {part}.{field} is not compared"
+            );
+        }
+    }
+}
+
+#[test]
+fn admission_policy_holds_the_service_account_to_its_own_node() {
+    let raw = raw_docs();
+    assert_policy_binds_the_service_account("deploy/kubernetes", &raw);
+    let chart = Chart::render(
+        None,
+        &[
+            "validatingadmissionpolicy",
+            "validatingadmissionpolicybinding",
+        ],
+    );
+    assert_policy_binds_the_service_account("the chart", &chart.docs);
+    // The chart's policy is the raw one (the release memwatch in the
+    // namespace memwatch has the same ServiceAccount).
+    assert_eq!(
+        chart.one("ValidatingAdmissionPolicy")["spec"],
+        one(&raw, "ValidatingAdmissionPolicy")["spec"]
+    );
+    assert_eq!(
+        chart.one("ValidatingAdmissionPolicy")["metadata"]["name"],
+        "memwatch-memwatch-node-writes"
+    );
+    let chart = Chart::render(
+        Some(&values("values-usual.yaml")),
+        &["validatingadmissionpolicy"],
+    );
+    assert_policy_binds_the_service_account("the chart, values-usual.yaml", &chart.docs);
+}
+
+/// `patch` merged into `node` as the API server merges the sink's
+/// strategic-merge patches: objects key by key, `status.conditions` by
+/// `type`, every other list (`spec.taints` has no merge key) replaced; a
+/// list left empty is absent (omitempty).
+fn merged(node: &Value, patch: &Value) -> Value {
+    fn merge(target: &mut Value, patch: &Value, path: &str) {
+        match (target, patch) {
+            (Value::Object(t), Value::Object(p)) => {
+                for (key, value) in p {
+                    let inner = format!("{path}.{key}");
+                    let slot = t.entry(key.clone()).or_insert(Value::Null);
+                    merge(slot, value, &inner);
+                    if slot.as_array().is_some_and(|a| a.is_empty()) {
+                        t.remove(key);
+                    }
+                }
+            }
+            (Value::Array(t), Value::Array(p)) if path == ".status.conditions" => {
+                for item in p {
+                    match t.iter_mut().find(|c| c["type"] == item["type"]) {
+                        Some(c) => merge(c, item, path),
+                        None => t.push(item.clone()),
+                    }
+                }
+            }
+            (t, p) => *t = p.clone(),
+        }
+    }
+    let mut out = node.clone();
+    merge(&mut out, patch, "");
+    out
+}
+
+/// An update of node `n1` (or its status) as admission sees it: by
+/// `user`, its token's extra (`None`: a token without any).
+fn update(
+    name: &str,
+    status: bool,
+    user: &str,
+    extra: Option<Value>,
+    old: &Value,
+    new: &Value,
+) -> Value {
+    let mut request = serde_json::json!({
+        "operation": "UPDATE",
+        "kind": {"group": "", "version": "v1", "kind": "Node"},
+        "resource": {"group": "", "version": "v1", "resource": "nodes"},
+        "name": new["metadata"]["name"],
+        "userInfo": {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]},
+    });
+    if status {
+        request["subResource"] = "status".into();
+    }
+    if let Some(extra) = extra {
+        request["userInfo"]["extra"] = extra;
+    }
+    serde_json::json!({"name": name, "request": request, "object": new, "oldObject": old})
+}
+
+/// What the policy says of each case: (name, matched, allowed, message).
+fn admit(policy_file: &Path, cases: &[Value]) -> Vec<(String, bool, bool, String)> {
+    ops::python_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cases.json");
+    fs::write(&path, serde_json::to_string(cases).unwrap()).unwrap();
+    let out = Command::new("python3")
+        .arg(repo().join("deploy/check/admission_policy.py"))
+        .arg(policy_file)
+        .arg(&path)
+        .output()
+        .expect("python3 admission_policy.py");
+    assert!(out.status.success(), "{out:?}");
+    let results: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
+    results
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["matched"].as_bool().unwrap(),
+                r["allowed"].as_bool().unwrap(),
+                r["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The policy's CEL, evaluated by cel-python, on the sink's own patches
+/// (`memwatch::kubernetes_objects::samples`, merged into the sample node as
+/// the API server merges them) and on writes it must deny.
+#[test]
+fn admission_policy_lets_the_agents_patches_through_and_denies_the_rest() {
+    let node = memwatch::kubernetes_objects::sample_node();
+    assert_eq!(node["metadata"]["name"], "n1");
+    let samples = memwatch::kubernetes_objects::samples();
+    let sample = |stem: &str| {
+        samples
+            .iter()
+            .find(|(s, _, _)| *s == stem)
+            .unwrap_or_else(|| panic!("sample {stem}"))
+            .2
+            .clone()
+    };
+    let account = "system:serviceaccount:memwatch:memwatch";
+    // A pod's token on 1.32+: the node's name among the pod's claims.
+    let token = |node: &str| {
+        Some(serde_json::json!({
+            NODE_CLAIM: [node],
+            "authentication.kubernetes.io/pod-name": ["memwatch-x7k2p"],
+            "authentication.kubernetes.io/pod-uid": ["0b6f7c1e-5a7d-4c3e-9f2a-1d8e6b4a3c21"],
+            "authentication.kubernetes.io/credential-id": ["JTI=7f3e"],
+        }))
+    };
+    let tainted = merged(&node, &sample("taint-on"));
+    let unhealthy = merged(&node, &sample("condition-unhealthy"));
+    let mut bare = node.clone();
+    bare.as_object_mut().unwrap().remove("spec");
+    bare["spec"] = serde_json::json!({});
+    let bare_tainted = merged(
+        &bare,
+        &serde_json::json!({"spec": {"taints": [
+            tainted["spec"]["taints"].as_array().unwrap().last().unwrap()
+        ]}}),
+    );
+    let changed = |f: &dyn Fn(&mut Value)| {
+        let mut n = node.clone();
+        f(&mut n);
+        n
+    };
+    let own = |name, status, old: &Value, new: &Value| {
+        update(name, status, account, token("n1"), old, new)
+    };
+
+    // (case, allowed, what the denial names)
+    let cases: Vec<(Value, bool, &str)> = vec![
+        // The sink's own writes.
+        (own("taint on", false, &node, &tainted), true, ""),
+        (
+            own(
+                "taint off",
+                false,
+                &tainted,
+                &merged(&tainted, &sample("taint-off")),
+            ),
+            true,
+            "",
+        ),
+        (
+            own("taint on, no taint before", false, &bare, &bare_tainted),
+            true,
+            "",
+        ),
+        (
+            own("taint off, none left", false, &bare_tainted, &bare),
+            true,
+            "",
+        ),
+        (own("condition set", true, &node, &unhealthy), true, ""),
+        (
+            own(
+                "condition cleared",
+                true,
+                &unhealthy,
+                &merged(&unhealthy, &sample("condition-healthy")),
+            ),
+            true,
+            "",
+        ),
+        // Another node, or no node-name claim.
+        (
+            update(
+                "taint on n1 from n2",
+                false,
+                account,
+                token("n2"),
+                &node,
+                &tainted,
+            ),
+            false,
+            "only the node its pod runs on",
+        ),
+        (
+            update(
+                "condition of n1 from n2",
+                true,
+                account,
+                token("n2"),
+                &node,
+                &unhealthy,
+            ),
+            false,
+            "only the node its pod runs on",
+        ),
+        (
+            update("no extra", false, account, None, &node, &tainted),
+            false,
+            "only the node its pod runs on",
+        ),
+        (
+            update(
+                "no node-name claim",
+                false,
+                account,
+                Some(serde_json::json!({"authentication.kubernetes.io/credential-id": ["JTI=1"]})),
+                &node,
+                &tainted,
+            ),
+            false,
+            "only the node its pod runs on",
+        ),
+        // Its own node, but more than its taint or condition.
+        (
+            own(
+                "another taint removed",
+                false,
+                &node,
+                &changed(&|n| n["spec"].as_object_mut().unwrap().clear()),
+            ),
+            false,
+            "only its own taint",
+        ),
+        (
+            own(
+                "another taint's effect",
+                false,
+                &node,
+                &changed(&|n| n["spec"]["taints"][0]["effect"] = "NoExecute".into()),
+            ),
+            false,
+            "only its own taint",
+        ),
+        (
+            own(
+                "its taint as NoExecute",
+                false,
+                &node,
+                &changed(&|n| {
+                    n["spec"]["taints"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(serde_json::json!(
+                            {"key": "memwatch.io/unhealthy", "value": "true", "effect": "NoExecute"}
+                        ))
+                }),
+            ),
+            false,
+            "only its own taint",
+        ),
+        (
+            own(
+                "cordon",
+                false,
+                &node,
+                &changed(&|n| n["spec"]["unschedulable"] = true.into()),
+            ),
+            false,
+            "only its own taint",
+        ),
+        (
+            own(
+                "podCIDR",
+                false,
+                &node,
+                &changed(&|n| n["spec"]["podCIDR"] = "10.0.9.0/24".into()),
+            ),
+            false,
+            "only its own taint",
+        ),
+        (
+            own(
+                "Ready flipped",
+                true,
+                &node,
+                &changed(&|n| n["status"]["conditions"][0]["status"] = "False".into()),
+            ),
+            false,
+            "only its own condition",
+        ),
+        (
+            own(
+                "allocatable",
+                true,
+                &node,
+                &changed(&|n| n["status"]["allocatable"] = serde_json::json!({"memory": "1Ti"})),
+            ),
+            false,
+            "only its own condition",
+        ),
+        (
+            own(
+                "a label",
+                false,
+                &node,
+                &changed(&|n| {
+                    n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] = "".into()
+                }),
+            ),
+            false,
+            "labels, annotations",
+        ),
+        (
+            own(
+                "an annotation",
+                true,
+                &node,
+                &changed(&|n| n["metadata"]["annotations"] = serde_json::json!({"a": "b"})),
+            ),
+            false,
+            "labels, annotations",
+        ),
+    ];
+    // Not memwatch's: the policy does not apply.
+    let cordoned = changed(&|n| n["spec"]["unschedulable"] = true.into());
+    let others = [
+        update(
+            "an admin cordons",
+            false,
+            "kubernetes-admin",
+            None,
+            &node,
+            &cordoned,
+        ),
+        update(
+            "another ServiceAccount",
+            false,
+            "system:serviceaccount:kube-system:memwatch",
+            token("n2"),
+            &node,
+            &cordoned,
+        ),
+        update(
+            "the kubelet",
+            true,
+            "system:node:n1",
+            None,
+            &node,
+            &unhealthy,
+        ),
+    ];
+    let all: Vec<Value> = cases
+        .iter()
+        .map(|(c, _, _)| c.clone())
+        .chain(others.iter().cloned())
+        .collect();
+
+    let out = tempfile::tempdir().unwrap();
+    render_chart_with(out.path(), None, &[]);
+    for policy in [
+        repo().join("deploy/kubernetes/admission-policy.yaml"),
+        out.path().join("manifests.yaml"),
+    ] {
+        let results = admit(&policy, &all);
+        assert_eq!(results.len(), all.len());
+        for ((case, allowed, why), (name, matched, was_allowed, message)) in
+            cases.iter().zip(&results)
+        {
+            assert_eq!(&case["name"], name.as_str());
+            assert!(matched, "{name}: not matched ({})", policy.display());
+            assert_eq!(
+                was_allowed,
+                allowed,
+                "{name}: {message} ({})",
+                policy.display()
+            );
+            assert!(message.contains(why), "{name}: {message}");
+            assert!(!message.contains("expression error"), "{name}: {message}");
+        }
+        for (name, matched, was_allowed, message) in &results[cases.len()..] {
+            assert!(!matched && *was_allowed, "{name}: {message}");
+        }
+    }
 }

@@ -25,8 +25,13 @@ pub fn read(relative: &str) -> String {
 
 /// Pinned: kubernetes-validate ships the Kubernetes JSON schemas (offline);
 /// helm-python-sdk ships Helm's Go SDK as a library (render and lint, no
-/// helm binary, no network).
-pub const PYTHON_TOOLS: [&str; 2] = ["kubernetes-validate==1.37.0", "helm-python-sdk==0.2.2"];
+/// helm binary, no network); cel-python evaluates CEL (the admission
+/// policy's, deploy/check/admission_policy.py).
+pub const PYTHON_TOOLS: [&str; 3] = [
+    "kubernetes-validate==1.37.0",
+    "helm-python-sdk==0.2.2",
+    "cel-python==0.5.0",
+];
 
 /// Makes sure the validation tools import, installing them with pip when
 /// they do not. Never a skip: a test that needs them fails when they cannot
@@ -36,7 +41,7 @@ pub fn python_tools() {
     READY.get_or_init(|| {
         let imports = || {
             Command::new("python3")
-                .args(["-c", "import kubernetes_validate, helm_python, yaml"])
+                .args(["-c", "import kubernetes_validate, helm_python, yaml, celpy"])
                 .output()
                 .is_ok_and(|o| o.status.success())
         };

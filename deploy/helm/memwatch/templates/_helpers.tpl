@@ -36,6 +36,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+Names of the cluster-scoped objects (ClusterRole, ClusterRoleBinding, the
+admission policy): the release namespace and the fullname, so that releases
+of the same name in two namespaces do not share them.
+*/}}
+{{- define "memwatch.clusterName" -}}
+{{- list .Release.Namespace (include "memwatch.fullname" .) | compact | join "-" -}}
+{{- end -}}
+
+{{/* The ServiceAccount's user name, as the API server authenticates its tokens. */}}
+{{- define "memwatch.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "memwatch.serviceAccountName" .) -}}
+{{- end -}}
+
 {{/* One TOML table's keys: `key = value`, values as JSON (valid TOML for strings, numbers, booleans). */}}
 {{- define "memwatch.tomlKeys" -}}
 {{- range $key, $value := . }}
