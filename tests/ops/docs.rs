@@ -253,6 +253,11 @@ fn configuration_doc_lists_exactly_the_config_keys() {
         }
         code.extend(own);
     }
+    // `[kubernetes]` holds the Kubernetes sink's delivery keys too
+    // (config/kubernetes.rs reads them before the rest).
+    code.get_mut("KubernetesFile")
+        .expect("KubernetesFile in config/kubernetes.rs")
+        .extend(delivery.iter().cloned());
     let table_of = [
         ("FileConfig", ""),
         ("WorkerConfig", "worker"),

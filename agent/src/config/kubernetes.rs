@@ -18,19 +18,19 @@ use crate::{
 /// `[kubernetes]` as written, but for the delivery keys (taken out first).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KubernetesFile {
-    pub pod_tasks: Option<bool>,
-    pub worker: Option<String>,
-    pub api: Option<bool>,
-    pub api_server: Option<String>,
-    pub token_file: Option<PathBuf>,
-    pub ca_file: Option<PathBuf>,
-    pub condition: Option<bool>,
-    pub taint: Option<bool>,
-    pub events: Option<bool>,
-    pub pod_names: Option<bool>,
-    pub min_remaining: Option<usize>,
-    pub min_remaining_fraction: Option<f64>,
+pub(crate) struct KubernetesFile {
+    pub(crate) pod_tasks: Option<bool>,
+    pub(crate) worker: Option<String>,
+    pub(crate) api: Option<bool>,
+    pub(crate) api_server: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
+    pub(crate) condition: Option<bool>,
+    pub(crate) taint: Option<bool>,
+    pub(crate) events: Option<bool>,
+    pub(crate) pod_names: Option<bool>,
+    pub(crate) min_remaining: Option<usize>,
+    pub(crate) min_remaining_fraction: Option<f64>,
 }
 
 /// Reads the `[kubernetes]` table: its pod-task settings, and the sink

@@ -10,7 +10,7 @@ pub(crate) mod config;
 pub(crate) mod dask;
 pub(crate) mod delivery;
 pub(crate) mod guard;
-pub mod kubernetes;
+pub(crate) mod kubernetes;
 pub(crate) mod nats;
 pub(crate) mod slurm;
 pub(crate) mod webhook;

@@ -22,9 +22,13 @@
 
 pub(crate) mod config;
 mod events;
+#[cfg(test)]
+mod fake_api;
 mod node;
 pub mod objects;
 mod pods;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 
@@ -156,15 +160,36 @@ pub(crate) struct KubernetesSink {
 
 impl KubernetesSink {
     fn new(config: KubernetesSinkConfig, client: Client, ctx: &SinkContext) -> Self {
+        let workers = ctx.workers.iter().map(|w| w.name.clone()).collect();
+        let mut sink = Self::with(
+            config,
+            client,
+            ctx.node_name.clone(),
+            ctx.recorder.clone(),
+            ctx.health.clone(),
+            workers,
+        );
+        sink.gate = ctx.gate.clone();
+        sink
+    }
+
+    fn with(
+        config: KubernetesSinkConfig,
+        client: Client,
+        node: String,
+        recorder: Recorder,
+        health: WorkerHealth,
+        workers: Vec<String>,
+    ) -> Self {
         Self {
             config,
-            node: ctx.node_name.clone(),
+            node,
             client,
-            recorder: ctx.recorder.clone(),
-            pods: ctx.recorder.pods().clone(),
-            health: ctx.health.clone(),
-            workers: ctx.workers.iter().map(|w| w.name.clone()).collect(),
-            gate: ctx.gate.clone(),
+            pods: recorder.pods().clone(),
+            recorder,
+            health,
+            workers,
+            gate: ActionGate::open(),
             reasons: BTreeMap::new(),
             log: EventLog::default(),
             done: 0,
@@ -190,14 +215,14 @@ impl KubernetesSink {
         let body = &event.body;
         match body.kind {
             EventKind::WorkerUnhealthy | EventKind::WorkerRecovered => {
-                if let Some(worker) = &body.worker {
-                    if body.kind == EventKind::WorkerUnhealthy {
-                        let why = body
-                            .reason
-                            .clone()
-                            .unwrap_or_else(|| "no reason given".into());
-                        self.reasons.insert(worker.clone(), why);
-                    }
+                if let Some(worker) = &body.worker
+                    && body.kind == EventKind::WorkerUnhealthy
+                {
+                    let why = body
+                        .reason
+                        .clone()
+                        .unwrap_or_else(|| "no reason given".into());
+                    self.reasons.insert(worker.clone(), why);
                 }
                 self.reconcile().await?;
             }
@@ -327,7 +352,8 @@ impl KubernetesSink {
                 .map_err(kube::Error::SerdeError)?;
                 match api.create(&PostParams::default(), &object).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    // Created by an attempt whose answer was lost.
+                    Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => {}
                     Err(e) => return Err(e),
                 }
                 self.count("event");

@@ -49,23 +49,22 @@ impl KubernetesSink {
     pub(super) async fn reconcile(&mut self) -> Result<(), kube::Error> {
         let unhealthy = self.unhealthy();
         let node = self.nodes().get(&self.node).await?;
-        if self.config.condition {
-            if let Some(patch) =
+        if self.config.condition
+            && let Some(patch) =
                 objects::condition_patch(&node, &unhealthy, Utc::now(), CONDITION_REFRESH)
+        {
+            self.nodes()
+                .patch_status(
+                    &self.node,
+                    &PatchParams::default(),
+                    &Patch::Strategic(&patch),
+                )
+                .await?;
+            if objects::current_condition(&node).map(|c| c.status.as_str())
+                != patch["status"]["conditions"][0]["status"].as_str()
             {
-                self.nodes()
-                    .patch_status(
-                        &self.node,
-                        &PatchParams::default(),
-                        &Patch::Strategic(&patch),
-                    )
-                    .await?;
-                if objects::current_condition(&node).map(|c| c.status.as_str())
-                    != patch["status"]["conditions"][0]["status"].as_str()
-                {
-                    info!(node = %self.node, unhealthy = unhealthy.len(), "node condition {} set", objects::CONDITION_TYPE);
-                    self.count("condition");
-                }
+                info!(node = %self.node, unhealthy = unhealthy.len(), "node condition {} set", objects::CONDITION_TYPE);
+                self.count("condition");
             }
         }
         if self.config.taint {
