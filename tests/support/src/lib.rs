@@ -8,6 +8,8 @@
 pub mod agent;
 pub mod env;
 pub mod http;
+#[cfg(feature = "kube")]
+pub mod kube_api;
 pub mod memhog;
 pub mod metrics;
 pub mod process;

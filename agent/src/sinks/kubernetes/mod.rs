@@ -22,8 +22,6 @@
 
 pub(crate) mod config;
 mod events;
-#[cfg(test)]
-mod fake_api;
 mod node;
 pub mod objects;
 mod pods;

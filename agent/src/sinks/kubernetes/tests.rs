@@ -1,4 +1,5 @@
-//! The Kubernetes sink against a FAKE API server (fake_api.rs: not
+//! The Kubernetes sink against a FAKE API server (memwatch-test-support's
+//! kube_api.rs: not
 //! Kubernetes; none can run on the build machines). What the sink sends is
 //! checked against the real schemas offline in tests/ops/kube_api.rs.
 
@@ -12,11 +13,9 @@ use chrono::Utc;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::{
-    API_USES, KubernetesSink, KubernetesSinkConfig,
-    fake_api::{Call, FakeApi},
-    objects, pods,
-};
+use memwatch_test_support::kube_api::{Call, FakeApi};
+
+use super::{API_USES, KubernetesSink, KubernetesSinkConfig, objects, pods};
 use crate::{
     model::{
         event::{Event, EventBody, EventKind},

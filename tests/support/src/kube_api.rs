@@ -4,7 +4,8 @@
 //! (retries, conflicts, an API down for a while, restarts, the taint
 //! budget, the pod watch) is tested against this, and the objects it sends
 //! are checked against the real schemas and kubectl's strategic merge
-//! offline (tests/ops/kube_api.rs).
+//! offline (tests/ops/kube_api.rs). Used by the sink's unit tests and by
+//! the end-to-end test of the agent binary (tests/ops/kube_pods.rs).
 //!
 //! It serves what the sink calls: nodes (get, list, strategic-merge patch
 //! of `spec.taints` with a `resourceVersion` precondition, of
@@ -29,33 +30,38 @@ use axum::{
 use serde_json::{Value, json};
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
 
+/// The node condition and taint memwatch sets (as memwatch's
+/// `kubernetes_objects` names them; this crate does not depend on it).
+pub const CONDITION_TYPE: &str = "MemwatchUnhealthy";
+pub const TAINT_KEY: &str = "memwatch.io/unhealthy";
+
 /// One request as the fake saw it, as RBAC names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Call {
-    pub(super) group: String,
-    pub(super) resource: String,
-    pub(super) verb: String,
-    pub(super) name: Option<String>,
+pub struct Call {
+    pub group: String,
+    pub resource: String,
+    pub verb: String,
+    pub name: Option<String>,
     /// What it was answered.
-    pub(super) status: u16,
+    pub status: u16,
 }
 
 #[derive(Default)]
-pub(super) struct Cluster {
-    pub(super) nodes: BTreeMap<String, Value>,
-    pub(super) events: BTreeMap<(String, String), Value>,
-    pub(super) pods: Vec<Value>,
-    pub(super) calls: Vec<Call>,
+pub struct Cluster {
+    pub nodes: BTreeMap<String, Value>,
+    pub events: BTreeMap<(String, String), Value>,
+    pub pods: Vec<Value>,
+    pub calls: Vec<Call>,
     /// Answers for the next requests, in order, whatever they ask.
-    pub(super) fail: VecDeque<u16>,
+    pub fail: VecDeque<u16>,
     /// Node patches of `spec` answered 409 before applying (someone else
     /// changed the node: its resourceVersion moves too).
-    pub(super) conflicts: usize,
+    pub conflicts: usize,
     /// A node tainted by memwatch when the agent's taint lands: another
     /// agent tainting in the same moment.
-    pub(super) race: Option<String>,
+    pub race: Option<String>,
     /// Event creates that found the name taken.
-    pub(super) already_exists: usize,
+    pub already_exists: usize,
     rv: u64,
     watchers: Vec<mpsc::UnboundedSender<Value>>,
 }
@@ -67,7 +73,7 @@ impl Cluster {
     }
 
     /// Adds a node named `name`, schedulable, with kubelet's `Ready`.
-    pub(super) fn add_node(&mut self, name: &str) {
+    pub fn add_node(&mut self, name: &str) {
         let rv = self.bump();
         self.nodes.insert(
             name.into(),
@@ -83,7 +89,7 @@ impl Cluster {
 
     /// Sets a field of a node's spec (`unschedulable`, `taints`) as another
     /// actor would.
-    pub(super) fn set_spec(&mut self, node: &str, key: &str, value: Value) {
+    pub fn set_spec(&mut self, node: &str, key: &str, value: Value) {
         let rv = self.bump();
         let n = self.nodes.get_mut(node).expect("a node of the fake");
         n["spec"][key] = value;
@@ -91,7 +97,7 @@ impl Cluster {
     }
 
     /// A pod on `node`, announced to open watches.
-    pub(super) fn add_pod(
+    pub fn add_pod(
         &mut self,
         node: &str,
         namespace: &str,
@@ -116,11 +122,11 @@ impl Cluster {
     }
 
     /// The memwatch condition of `node`: (status, message).
-    pub(super) fn condition(&self, node: &str) -> Option<(String, String)> {
+    pub fn condition(&self, node: &str) -> Option<(String, String)> {
         self.nodes[node]["status"]["conditions"]
             .as_array()?
             .iter()
-            .find(|c| c["type"] == super::objects::CONDITION_TYPE)
+            .find(|c| c["type"] == CONDITION_TYPE)
             .map(|c| {
                 (
                     c["status"].as_str().unwrap_or_default().into(),
@@ -130,14 +136,14 @@ impl Cluster {
     }
 
     /// Whether `node` carries memwatch's taint.
-    pub(super) fn tainted(&self, node: &str) -> bool {
+    pub fn tainted(&self, node: &str) -> bool {
         self.nodes[node]["spec"]["taints"]
             .as_array()
-            .is_some_and(|ts| ts.iter().any(|t| t["key"] == super::objects::TAINT_KEY))
+            .is_some_and(|ts| ts.iter().any(|t| t["key"] == TAINT_KEY))
     }
 
     /// Events by reason.
-    pub(super) fn events_of(&self, reason: &str) -> Vec<Value> {
+    pub fn events_of(&self, reason: &str) -> Vec<Value> {
         self.events
             .values()
             .filter(|e| e["reason"] == reason)
@@ -148,19 +154,19 @@ impl Cluster {
 
 type Shared = Arc<Mutex<Cluster>>;
 
-pub(super) fn lock(c: &Shared) -> MutexGuard<'_, Cluster> {
+pub fn lock(c: &Shared) -> MutexGuard<'_, Cluster> {
     c.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The fake, serving until dropped or stopped.
-pub(super) struct FakeApi {
-    pub(super) addr: SocketAddr,
-    pub(super) cluster: Shared,
+pub struct FakeApi {
+    pub addr: SocketAddr,
+    pub cluster: Shared,
     server: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl FakeApi {
-    pub(super) async fn start() -> Self {
+    pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut fake = Self {
             addr: listener.local_addr().unwrap(),
@@ -171,16 +177,16 @@ impl FakeApi {
         fake
     }
 
-    pub(super) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub(super) fn cluster(&self) -> MutexGuard<'_, Cluster> {
+    pub fn cluster(&self) -> MutexGuard<'_, Cluster> {
         lock(&self.cluster)
     }
 
     /// Closes the port and every open connection: the API is unreachable.
-    pub(super) fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(server) = self.server.take() {
             server.abort();
         }
@@ -188,7 +194,7 @@ impl FakeApi {
     }
 
     /// Serves again on the same port, with the same objects.
-    pub(super) async fn restart(&mut self) {
+    pub async fn restart(&mut self) {
         let mut tries = 0;
         let listener = loop {
             match TcpListener::bind(self.addr).await {
@@ -408,10 +414,14 @@ fn patch_node(c: &mut Cluster, name: &str, patch: &Value) -> Response {
     if let Some(taints) = patch["spec"].get("taints") {
         let tainting = taints
             .as_array()
-            .is_some_and(|ts| ts.iter().any(|t| t["key"] == super::objects::TAINT_KEY));
+            .is_some_and(|ts| ts.iter().any(|t| t["key"] == TAINT_KEY));
         c.set_spec(name, "taints", taints.clone());
         if let (true, Some(other)) = (tainting, c.race.take()) {
-            c.set_spec(&other, "taints", json!([{"key": super::objects::TAINT_KEY, "effect": "NoSchedule", "value": "true"}]));
+            c.set_spec(
+                &other,
+                "taints",
+                json!([{"key": TAINT_KEY, "effect": "NoSchedule", "value": "true"}]),
+            );
         }
     }
     answer(200, c.nodes[name].clone())
