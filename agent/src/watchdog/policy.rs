@@ -129,19 +129,20 @@ impl Watchdog {
         }
     }
 
-    /// What to read for a sample: every worker and every running task with a source.
-    pub(crate) fn sources(&self) -> (Sources, Sources) {
-        let workers = self
-            .workers
+    /// What to read for a sample: every worker.
+    pub(crate) fn worker_sources(&self) -> Sources {
+        self.workers
             .values()
             .map(|w| (w.spec.name.clone(), w.spec.source.clone()))
-            .collect();
-        let tasks = self
-            .tasks
+            .collect()
+    }
+
+    /// What to read for a full sample: every running task with a source.
+    pub(crate) fn task_sources(&self) -> Sources {
+        self.tasks
             .values()
             .filter_map(|t| t.source.clone().map(|s| (t.id.clone(), s)))
-            .collect();
-        (workers, tasks)
+            .collect()
     }
 
     /// What to read for an admission on `worker` (`None`: the only one):

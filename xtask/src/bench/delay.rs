@@ -36,7 +36,7 @@ use memwatch_test_support::{
 
 use super::{release_bins, start_agent};
 
-#[path = "rivals.rs"]
+#[path = "rivals/mod.rs"]
 pub(super) mod rivals;
 
 use rivals::{Kmsg, KmsgSeen, Thresholds, Watch};

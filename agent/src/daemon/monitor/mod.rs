@@ -287,10 +287,11 @@ impl Monitor {
             .rounds
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(FULL_ROUND);
-        let (workers, all_tasks) = self.lock().sources();
+        let workers = self.lock().worker_sources();
         let mut sample: Sample = sampler::sample(self.reader.as_ref(), &workers, &[]);
+        // Every task's source is cloned only on full rounds.
         let tasks = if full {
-            all_tasks
+            self.lock().task_sources()
         } else {
             self.lock().busy_tasks(&sample.workers, |task, since| {
                 self.kernel.quiet_since(task, since)

@@ -1,6 +1,19 @@
 //! The monitor with fake memory figures: soft caps, rule tasks, restarts,
 //! rejections.
 
+use crate::model::spec::{ANONYMOUS, MemorySource, TaskRequest};
+
+/// A task of the only worker, anonymous, with no soft cap of its own.
+fn task(id: impl Into<String>, source: Option<MemorySource>) -> TaskRequest {
+    TaskRequest {
+        task_id: id.into(),
+        worker: None,
+        source,
+        soft_cap: None,
+        owner: ANONYMOUS.into(),
+    }
+}
+
 mod basics {
     use std::{fs, time::Duration};
 
@@ -70,13 +83,7 @@ mod basics {
             )
         };
         let (m, _outbox) = monitor_reading(root.path(), reader.clone(), Vec::new());
-        let task = |id: String, pid: u32| TaskRequest {
-            task_id: id,
-            worker: None,
-            source: Some(MemorySource::Pid(pid)),
-            soft_cap: None,
-            owner: crate::model::spec::ANONYMOUS.into(),
-        };
+        let task = |id: String, pid: u32| super::task(id, Some(MemorySource::Pid(pid)));
         for i in 0..50 {
             worker(u64::from(i) + 1);
             reader.set(MemorySource::Pid(1000 + i), 10 * MIB);
@@ -114,14 +121,8 @@ mod basics {
         let (m, _outbox) = monitor_reading(root.path(), reader.clone(), Vec::new());
         for pid in 1..=3 {
             reader.set(MemorySource::Pid(pid), MIB);
-            m.register(TaskRequest {
-                task_id: format!("t{pid}"),
-                worker: None,
-                source: Some(MemorySource::Pid(pid)),
-                soft_cap: None,
-                owner: crate::model::spec::ANONYMOUS.into(),
-            })
-            .unwrap();
+            m.register(super::task(format!("t{pid}"), Some(MemorySource::Pid(pid))))
+                .unwrap();
         }
         let reads = || std::mem::take(&mut *reader.reads.lock().unwrap()).len();
         reads();
@@ -159,14 +160,8 @@ mod basics {
             Some(200 * MIB),
             "worker cap from its cgroup"
         );
-        m.register(TaskRequest {
-            task_id: "t1".into(),
-            worker: None,
-            source: Some(MemorySource::Cgroup(task_cg)),
-            soft_cap: None,
-            owner: crate::model::spec::ANONYMOUS.into(),
-        })
-        .unwrap();
+        m.register(super::task("t1", Some(MemorySource::Cgroup(task_cg))))
+            .unwrap();
         assert_eq!(
             m.tasks()[0].soft_cap_bytes,
             Some(64 * MIB),
@@ -267,14 +262,8 @@ mod restart {
         reader.set(MemorySource::Cgroup(busy.clone()), 150 * MIB);
         let m = start(state.path(), root.path(), reader.clone());
         for (id, dir) in [("busy", &busy), ("gone", &gone), ("ended", &ended)] {
-            m.register(TaskRequest {
-                task_id: id.into(),
-                worker: None,
-                source: Some(MemorySource::Cgroup(dir.clone())),
-                soft_cap: None,
-                owner: crate::model::spec::ANONYMOUS.into(),
-            })
-            .unwrap();
+            m.register(super::task(id, Some(MemorySource::Cgroup(dir.clone()))))
+                .unwrap();
         }
         m.finish("ended", TaskOutcome::Ended { exit_code: Some(0) })
             .unwrap();
@@ -286,15 +275,7 @@ mod restart {
         let ids: Vec<String> = m.tasks().into_iter().map(|t| t.task_id).collect();
         assert_eq!(ids, ["busy"]);
         // A new task starts: the 150 MiB are busy's, not residual.
-        let answer = m
-            .register(TaskRequest {
-                task_id: "next".into(),
-                worker: None,
-                source: None,
-                soft_cap: None,
-                owner: crate::model::spec::ANONYMOUS.into(),
-            })
-            .unwrap();
+        let answer = m.register(super::task("next", None)).unwrap();
         assert_eq!(answer.admission, Admission::Accepted);
         assert_eq!(m.workers()[0].status, Health::Healthy);
     }
@@ -316,13 +297,7 @@ mod restart {
         // 150 MiB and no running task: residual over the 100 MiB cap.
         reader.set(MemorySource::Cgroup(root.path().into()), 150 * MIB);
         let m = start(state.path(), root.path(), reader.clone());
-        let task = |id: &str| TaskRequest {
-            task_id: id.into(),
-            worker: None,
-            source: None,
-            soft_cap: None,
-            owner: crate::model::spec::ANONYMOUS.into(),
-        };
+        let task = |id: &str| super::task(id, None);
         m.register(task("first")).unwrap();
         assert_eq!(m.workers()[0].status, Health::Unhealthy);
         assert_eq!(count(&m, EventKind::WorkerUnhealthy), 1);
@@ -376,11 +351,8 @@ mod restart {
         let reader = Arc::new(FakeReader::default());
         let m = start(state.path(), root.path(), reader.clone());
         m.register(TaskRequest {
-            task_id: "new".into(),
-            worker: None,
-            source: Some(MemorySource::Cgroup(new.clone())),
-            soft_cap: None,
             owner: "uid:1000".into(),
+            ..super::task("new", Some(MemorySource::Cgroup(new.clone())))
         })
         .unwrap();
         drop(m);
@@ -470,13 +442,7 @@ mod rejections {
             Arc::new(reader),
             Recorder::new(outbox.clone(), metrics.clone()),
         );
-        let task = |n: usize| TaskRequest {
-            task_id: format!("t{n}"),
-            worker: None,
-            source: None,
-            soft_cap: None,
-            owner: crate::model::spec::ANONYMOUS.into(),
-        };
+        let task = |n: usize| super::task(format!("t{n}"), None);
         let rejected = |outbox: &Outbox| {
             outbox
                 .read(0, 1000)
@@ -626,15 +592,7 @@ mod pressure {
             1
         );
         // New tasks are refused, as for the soft-cap checks.
-        let answer = m
-            .register(TaskRequest {
-                task_id: "t".into(),
-                worker: None,
-                source: None,
-                soft_cap: None,
-                owner: crate::model::spec::ANONYMOUS.into(),
-            })
-            .unwrap();
+        let answer = m.register(super::task("t", None)).unwrap();
         assert!(matches!(answer.admission, Admission::Rejected { .. }));
 
         // Memory is far below the soft cap: that does not recover it.

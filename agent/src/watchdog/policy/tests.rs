@@ -199,7 +199,7 @@ async fn no_configured_worker_means_the_host() {
     let w = Watchdog::new(Vec::new(), Settings::default());
     assert_eq!(w.resolve_worker(None).unwrap(), HOST_WORKER);
     assert_eq!(
-        w.sources().0,
+        w.worker_sources(),
         [(HOST_WORKER.to_string(), MemorySource::Host)]
     );
 }
