@@ -79,25 +79,28 @@ fn uid() -> String {
     )
 }
 
-async fn pod_oom_is_attributed(levels: Vec<String>, uid: &str, cid: &str, qos: QosClass) {
-    let agent = Agent::start_with_config("[kubernetes]\npod_tasks = true\n").await;
-    let pod = PodCgroups::create(&levels, levels.len() - 1);
+/// What one pod's OOM kill gave: its `task_started`, the `oom_kill`, the
+/// victim's pid, and the pod's cgroups (removed when dropped).
+struct PodOom {
+    started: memwatch::Event,
+    kill: memwatch::Event,
+    pid: u32,
+    pod: PodCgroups,
+}
+
+/// Makes the pod's cgroups (`levels`, the container last, limited to
+/// 64 MiB), waits for the pod's task, then OOM-kills a memhog in the
+/// container and waits for the agent's `oom_kill`.
+async fn pod_oom(agent: &Agent, levels: &[String]) -> PodOom {
+    let pod = PodCgroups::create(levels, levels.len() - 1);
     pod.limit_container(64 * MIB);
     let pod_path = pod.pod.to_str().unwrap().to_string();
-
     // The pod is a task of the node's worker at once.
     let started = agent
         .wait_for_event(Duration::from_secs(10), "pod task_started", |e| {
             e.body.kind == EventKind::TaskStarted && e.body.cgroup.as_deref() == Some(&pod_path)
         })
         .await;
-    assert_eq!(started.body.worker.as_deref(), Some("host"));
-    assert_eq!(started.body.pod_uid.as_deref(), Some(uid));
-    assert_eq!(started.body.qos_class, Some(qos));
-    assert_eq!(started.body.container_id, None, "the pod, not a container");
-    let task_id = started.body.task_id.clone().expect("task id");
-
-    let container = pod.container.display().to_string();
     let mut child = memhog_in(&pod.container, 200, 30)
         .spawn()
         .expect("spawn memhog");
@@ -108,6 +111,26 @@ async fn pod_oom_is_attributed(levels: Vec<String>, uid: &str, cid: &str, qos: Q
         })
         .await;
     let _ = child.wait();
+    PodOom {
+        started,
+        kill,
+        pid,
+        pod,
+    }
+}
+
+async fn pod_oom_is_attributed(levels: Vec<String>, uid: &str, cid: &str, qos: QosClass) {
+    let agent = Agent::start_with_config("[kubernetes]\npod_tasks = true\n").await;
+    let PodOom {
+        started, kill, pod, ..
+    } = pod_oom(&agent, &levels).await;
+    assert_eq!(started.body.worker.as_deref(), Some("host"));
+    assert_eq!(started.body.pod_uid.as_deref(), Some(uid));
+    assert_eq!(started.body.qos_class, Some(qos));
+    assert_eq!(started.body.container_id, None, "the pod, not a container");
+    let task_id = started.body.task_id.clone().expect("task id");
+
+    let container = pod.container.display().to_string();
     assert_eq!(kill.body.cgroup.as_deref(), Some(container.as_str()));
     assert_eq!(kill.body.pod_uid.as_deref(), Some(uid));
     assert_eq!(kill.body.container_id.as_deref(), Some(cid));
@@ -183,24 +206,12 @@ async fn with_the_api_a_pod_oom_names_the_pod_and_is_an_event_on_it() {
         format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
         format!("cri-containerd-{cid}.scope"),
     ];
-    let pod = PodCgroups::create(&levels, levels.len() - 1);
-    pod.limit_container(64 * MIB);
-    let pod_path = pod.pod.to_str().unwrap().to_string();
-    let started = agent
-        .wait_for_event(Duration::from_secs(10), "pod task_started", |e| {
-            e.body.kind == EventKind::TaskStarted && e.body.cgroup.as_deref() == Some(&pod_path)
-        })
-        .await;
-    let mut child = memhog_in(&pod.container, 200, 30)
-        .spawn()
-        .expect("spawn memhog");
-    let pid = child.id();
-    let kill = agent
-        .wait_for_event(Duration::from_secs(30), "pod oom_kill", |e| {
-            e.body.kind == EventKind::OomKill && e.body.pid == Some(pid)
-        })
-        .await;
-    let _ = child.wait();
+    let PodOom {
+        started,
+        kill,
+        pid,
+        pod,
+    } = pod_oom(&agent, &levels).await;
     let json = serde_json::to_value(&kill.body).unwrap();
     assert_eq!(json["pod_uid"], uid.as_str());
     assert_eq!(json["pod_namespace"], "shop", "{json}");

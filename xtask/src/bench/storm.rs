@@ -324,6 +324,8 @@ struct Memwatch<'a> {
 /// The rivals' table: per watcher, how many of the bench's kills it
 /// reported, how many with their cgroup, and its delay from the kernel's
 /// stamp (memwatch's event `time` of the same pid).
+// Long: one table, row by row (memwatch, kmsg, thresholds), each row's
+// counting beside its printing; split when a fourth watcher joins.
 fn print_rivals(
     memwatch: Memwatch<'_>,
     children: &[storm::Child],

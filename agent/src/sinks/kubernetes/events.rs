@@ -111,24 +111,23 @@ impl EventLog {
     }
 
     fn forget_oldest(&mut self) {
-        if self.series.len() > MAX_TRACKED
-            && let Some(oldest) = self
-                .series
-                .iter()
-                .min_by_key(|(_, s)| s.last)
-                .map(|(k, _)| k.clone())
-        {
-            self.series.remove(&oldest);
-        }
-        if self.buckets.len() > MAX_TRACKED
-            && let Some(oldest) = self
-                .buckets
-                .iter()
-                .min_by_key(|(_, b)| b.at)
-                .map(|(k, _)| k.clone())
-        {
-            self.buckets.remove(&oldest);
-        }
+        evict_oldest(&mut self.series, |s| s.last);
+        evict_oldest(&mut self.buckets, |b| b.at);
+    }
+}
+
+/// Past [`MAX_TRACKED`] entries, forgets the one `at` says is oldest.
+fn evict_oldest<K: Clone + Eq + std::hash::Hash, V>(
+    map: &mut HashMap<K, V>,
+    at: impl Fn(&V) -> DateTime<Utc>,
+) {
+    if map.len() > MAX_TRACKED
+        && let Some(oldest) = map
+            .iter()
+            .min_by_key(|(_, v)| at(v))
+            .map(|(k, _)| k.clone())
+    {
+        map.remove(&oldest);
     }
 }
 

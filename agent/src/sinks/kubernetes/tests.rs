@@ -531,7 +531,7 @@ async fn errors_and_an_api_down_for_a_minute_lose_nothing() {
 }
 
 #[tokio::test]
-async fn a_refused_object_is_parked_the_rest_go_on() {
+async fn an_invalid_object_fails_for_good_and_forbidden_is_retried() {
     // 422 (the API finds the object invalid) would fail again: the class
     // that parks the event (delivery.rs) instead of retrying it forever.
     let mut h = Harness::new(&[NODE]).await;
