@@ -6,6 +6,7 @@
 //! Adding a sink touches its own folder and one line of [`sinks!`] below
 //! (docs/writing-a-sink.md).
 
+pub(crate) mod action;
 pub(crate) mod config;
 pub(crate) mod dask;
 pub(crate) mod delivery;

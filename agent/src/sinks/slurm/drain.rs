@@ -1,7 +1,8 @@
-//! Draining and resuming nodes: the cluster guard, the re-check after a
-//! drain, and what a restarting controller asks of both.
+//! Draining and resuming nodes: Slurm's part of the action protocol
+//! (sinks/action.rs runs the sequence: stale, gate, guard, the drain, the
+//! re-check), and what a restarting controller asks of a resume.
 
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::{
     MAX_REASON, REASON_PREFIX, SlurmSink,
@@ -9,52 +10,49 @@ use super::{
     scontrol::ScontrolError,
 };
 use crate::{
-    model::event::{Event, EventKind},
-    sinks::{report, stale},
+    model::event::EventKind,
+    sinks::{
+        action::{Acted, Plan, Read, Scheduler, Words},
+        guard::Capacity,
+        report, stale,
+    },
 };
 
-impl SlurmSink {
-    /// Drains the node of an unhealthy worker, within the cluster guard:
-    /// never when fewer nodes of its partitions than the floor would stay
-    /// open, counting every node drained, draining or down by anyone. After
-    /// draining, the view is read again (once drains started elsewhere in
-    /// the same moment have landed): if they crossed the floor together,
-    /// the lowest-named node keeps its drain and the others are resumed.
-    // Long, on purpose: the same ordered checks as the Dask sink's
-    // retirement (stale, gate, operator's drain, guard, stale again, the
-    // update, stale after it, the re-check), sharing the node view.
-    pub(super) async fn drain(
-        &mut self,
-        worker: &str,
-        why: Option<&str>,
-    ) -> Result<(), ScontrolError> {
+impl Scheduler for SlurmSink {
+    type Error = ScontrolError;
+
+    fn sink(&self) -> &str {
+        &self.config.name
+    }
+
+    fn words(&self) -> Words {
+        Words {
+            doing: "draining",
+            done: "drained",
+            noun: "drain",
+            undone: "resumed",
+        }
+    }
+
+    fn subject(&self, worker: &str) -> String {
+        format!("node {}", self.node_of(worker))
+    }
+
+    fn stale(&self, worker: &str) -> Option<String> {
+        stale(&self.health, worker)
+    }
+
+    /// The nodes of the worker's node's partitions, as the controller
+    /// lists them: every node drained, draining or down, by anyone, counts
+    /// as gone.
+    async fn read(&mut self, worker: &str) -> Result<Read, ScontrolError> {
         let node = self.node_of(worker);
-        if let Some(why) = stale(&self.health, worker) {
-            self.skip_stale(worker, &node, why);
-            return Ok(());
-        }
-        if let Some(why) = self.gate.holds() {
-            // Tried again at every heartbeat that still says unhealthy.
-            self.pending.insert(worker.to_string());
-            if self.gated.insert(worker.to_string()) {
-                info!(sink = %self.config.name, %node, %worker, %why, "drain held back");
-                self.count("skipped");
-                report(
-                    &self.recorder,
-                    EventKind::ActionSkipped,
-                    Some(worker),
-                    Some(&node),
-                    format!(
-                        "node {node} not drained yet: {why}; drained after that if the worker is still unhealthy"
-                    ),
-                );
-            }
-            return Ok(());
-        }
         let all = self.nodes().await?;
         let Some(me) = all.iter().find(|n| n.name == node) else {
             warn!(sink = %self.config.name, %node, %worker, "the controller does not know this node; not drained");
-            return Ok(());
+            return Ok(Read::Nothing(format!(
+                "the controller does not know node {node}"
+            )));
         };
         if self.state.drained.contains_key(&node) && !me.drained_by_memwatch() {
             // Resumed (or re-drained) by an operator since: what the state
@@ -64,85 +62,90 @@ impl SlurmSink {
         }
         if let Some(workers) = self.state.drained.get_mut(&node) {
             workers.insert(worker.to_string());
-            return Ok(());
+            return Ok(Read::Done(format!("node {node} is drained by memwatch")));
         }
         if me.state.contains("DRAIN") {
-            self.already_drained(worker, &node, me);
-            return Ok(());
+            return Ok(self.already_drained(worker, &node, me));
         }
-        let pool = nodes::pool(&all, me);
         let taking = usize::from(!me.gone());
-        if let Err(blocked) = self
-            .config
-            .guard
-            .check(&nodes::capacity(&pool), taking, taking)
-        {
-            let reason = format!(
-                "not draining node {node}: {blocked}; retried while the worker stays unhealthy"
-            );
-            self.hold(worker, &node, &reason);
-            return Ok(());
-        }
-        // Reading the nodes may have waited on a controller coming back:
-        // the worker may have recovered meanwhile.
-        if let Some(why) = stale(&self.health, worker) {
-            self.skip_stale(worker, &node, why);
-            return Ok(());
-        }
-        let reason = drain_reason(worker, why);
-        let decided = std::time::Instant::now();
+        Ok(Read::Act(Plan {
+            subject: format!("node {node}"),
+            scheduler_worker: node.clone(),
+            taking,
+            running: taking,
+            capacity: nodes::capacity(&nodes::pool(&all, me)),
+        }))
+    }
+
+    async fn act(
+        &mut self,
+        worker: &str,
+        plan: &Plan,
+        why: Option<&str>,
+    ) -> Result<Acted, ScontrolError> {
+        let node = &plan.scheduler_worker;
         self.scontrol(&[
             "update".into(),
             format!("NodeName={node}"),
             "State=DRAIN".into(),
-            format!("Reason={reason}"),
+            format!("Reason={}", drain_reason(worker, why)),
         ])
         .await?;
-        if let Some(why) = stale(&self.health, worker) {
-            // The drain waited on the controller longer than the episode
-            // lasted: the worker recovered while it was in flight. Undone
-            // (kept as memwatch's drain until then: a resume that must wait
-            // for the node is the recovery's to finish).
-            self.state
-                .drained
-                .entry(node.clone())
-                .or_default()
-                .insert(worker.to_string());
-            self.resume_node(&node).await?;
-            self.state.drained.remove(&node);
-            self.count("undo");
-            self.skip_stale(
-                worker,
-                &node,
-                format!("{why}; node {node} resumed: it recovered while the drain was in flight"),
-            );
-            return Ok(());
-        }
-        info!(sink = %self.config.name, %node, %worker, "node drained");
-        self.count("drain");
+        // Kept as memwatch's drain from now: a resume that must wait for
+        // the node is the recovery's to finish.
         self.state
             .drained
             .entry(node.clone())
             .or_default()
             .insert(worker.to_string());
-        self.pending.remove(worker);
-        self.blocked.remove(worker);
-        self.recheck(worker, &node, decided).await
+        self.count("drain");
+        Ok(Acted::Done)
     }
 
-    /// Says (once per event) that acting on `worker` being unhealthy would
-    /// act on the past.
-    pub(super) fn skip_stale(&mut self, worker: &str, node: &str, why: String) {
-        info!(sink = %self.config.name, %node, %worker, %why, "drain skipped");
-        self.pending.remove(worker);
-        self.count("skipped");
-        report(
-            &self.recorder,
-            EventKind::ActionSkipped,
-            Some(worker),
-            Some(node),
-            why,
-        );
+    async fn undo(&mut self, _worker: &str, plan: &Plan) -> Result<bool, ScontrolError> {
+        self.resume_node(&plan.scheduler_worker).await?;
+        self.state.drained.remove(&plan.scheduler_worker);
+        Ok(true)
+    }
+
+    async fn recheck(&mut self, plan: &Plan) -> Result<(Capacity, Option<String>), ScontrolError> {
+        let all = self.nodes().await?;
+        let Some(me) = all.iter().find(|n| n.name == plan.scheduler_worker) else {
+            // Gone from the controller: nothing of ours to undo.
+            return Ok((Capacity::default(), Some(plan.scheduler_worker.clone())));
+        };
+        let pool = nodes::pool(&all, me);
+        Ok((
+            nodes::capacity(&pool),
+            nodes::keeper(&pool).map(str::to_string),
+        ))
+    }
+
+    fn report(
+        &self,
+        kind: EventKind,
+        worker: &str,
+        scheduler_worker: Option<&str>,
+        reason: String,
+    ) {
+        let node = scheduler_worker
+            .map(str::to_string)
+            .unwrap_or_else(|| self.node_of(worker));
+        report(&self.recorder, kind, Some(worker), Some(&node), reason);
+    }
+
+    fn count(&self, action: &str) {
+        SlurmSink::count(self, action);
+    }
+}
+
+impl SlurmSink {
+    /// Runs the action protocol over the workers it holds.
+    pub(super) async fn run_actions(&mut self) -> Result<(), ScontrolError> {
+        let mut actions = std::mem::take(&mut self.actions);
+        let result = actions.run(self).await;
+        self.actions = actions;
+        result
     }
 
     /// `State=RESUME`. Right after the controller restarted, a node it has
@@ -172,92 +175,20 @@ impl SlurmSink {
     }
 
     /// The node is drained already: by memwatch (a drain this sink's state
-    /// file lost: adopted) or by someone else (left alone).
-    pub(super) fn already_drained(&mut self, worker: &str, node: &str, me: &Node) {
+    /// file lost: adopted) or by someone else (left alone, looked at again
+    /// while the worker stays unhealthy).
+    fn already_drained(&mut self, worker: &str, node: &str, me: &Node) -> Read {
         if me.drained_by_memwatch() {
             self.state
                 .drained
                 .entry(node.to_string())
                 .or_default()
                 .insert(worker.into());
+            Read::Done(format!("node {node} was drained by memwatch"))
         } else {
             info!(sink = %self.config.name, %node, %worker, reason = %me.reason, "node already drained by someone else; left alone");
+            Read::Nothing(format!("node {node} is drained by someone else"))
         }
-    }
-
-    /// The check after a drain: see [`SlurmSink::drain`].
-    pub(super) async fn recheck(
-        &mut self,
-        worker: &str,
-        node: &str,
-        decided: std::time::Instant,
-    ) -> Result<(), ScontrolError> {
-        tokio::time::sleep(self.settle).await;
-        let all = self.nodes().await?;
-        let Some(me) = all.iter().find(|n| n.name == node) else {
-            return Ok(());
-        };
-        let pool = nodes::pool(&all, me);
-        let keeper = nodes::keeper(&pool);
-        if !self.config.guard.crossed(&nodes::capacity(&pool)) || keeper == Some(node) {
-            debug!(sink = %self.config.name, %node, checked_after = ?decided.elapsed(), "drain re-checked");
-            return Ok(());
-        }
-        self.resume_node(node).await?;
-        self.state.drained.remove(node);
-        self.count("undo");
-        let reason = format!(
-            "node {node} resumed: drained in the same moment as {} on another host, which crossed the \
-             cluster guard's floor; {} keeps its drain (the lowest name); retried while the worker stays unhealthy",
-            keeper.unwrap_or("another node"),
-            keeper.unwrap_or("that node")
-        );
-        warn!(sink = %self.config.name, %node, undone_after = ?decided.elapsed(), "concurrent drains crossed the floor; ours undone");
-        self.hold(worker, node, &reason);
-        Ok(())
-    }
-
-    /// The worker stays unhealthy with its node open: say so once, and try
-    /// again at the next heartbeat.
-    pub(super) fn hold(&mut self, worker: &str, node: &str, reason: &str) {
-        self.pending.insert(worker.to_string());
-        if self.blocked.insert(worker.to_string()) {
-            warn!(sink = %self.config.name, %node, %worker, %reason, "drain held by the cluster guard");
-            self.count("guard_blocked");
-            report(
-                &self.recorder,
-                EventKind::GuardBlocked,
-                Some(worker),
-                Some(node),
-                reason.to_string(),
-            );
-        }
-    }
-
-    /// At a heartbeat: a held worker still unhealthy is tried again (the
-    /// cluster may have changed); one no longer unhealthy is let go.
-    pub(super) async fn retry_pending(&mut self, heartbeat: &Event) -> Result<(), ScontrolError> {
-        for worker in self.pending.clone() {
-            let status = heartbeat
-                .body
-                .state
-                .as_ref()
-                .and_then(|s| s.get("workers"))
-                .and_then(|w| w.as_array())
-                .and_then(|ws| {
-                    ws.iter()
-                        .find(|w| w.get("name").and_then(|n| n.as_str()) == Some(worker.as_str()))
-                })
-                .and_then(|w| w.get("status"))
-                .and_then(|s| s.as_str());
-            if status == Some("unhealthy") {
-                self.drain(&worker, None).await?;
-            } else {
-                self.pending.remove(&worker);
-                self.blocked.remove(&worker);
-            }
-        }
-        Ok(())
     }
 
     pub(super) async fn resume(&mut self, worker: &str) -> Result<(), ScontrolError> {

@@ -49,6 +49,7 @@ use crate::{
     record::Recorder,
     sinks::{
         ActionGate, SinkContext, Start, WorkerHealth,
+        action::Actions,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
         report,
@@ -105,6 +106,7 @@ impl Start for SlurmConfig {
         })?;
         let mut sink = sink;
         sink.gate = ctx.gate.clone();
+        sink.actions.set_gate(ctx.gate.clone());
         sink.proofs = ctx.job_proofs.clone();
         sink.align(ctx.outbox.status().last_seq, ctx.outbox.epoch());
         Ok(vec![ctx.spawn_delivery(sink)])
@@ -119,18 +121,12 @@ pub(crate) struct SlurmSink {
     state: SlurmState,
     recorder: Recorder,
     health: WorkerHealth,
-    /// Whether actions are held back after a state loss.
+    /// Whether requeues are held back after a state loss (drains: in
+    /// `actions`).
     gate: ActionGate,
-    /// Workers whose drain the gate held back, said once.
-    gated: BTreeSet<String>,
-    /// Unhealthy workers whose node is not drained (the guard kept it, or
-    /// a concurrent drain elsewhere undid ours): tried again at every
-    /// heartbeat that still says so.
-    pending: BTreeSet<String>,
-    /// Workers whose `guard_blocked` was reported in this episode.
-    blocked: BTreeSet<String>,
-    /// How long after a drain the view is read again ([`GUARD_SETTLE`]).
-    settle: Duration,
+    /// Drains: what is pending, done and said, run by the action
+    /// protocol (sinks/action.rs); its settle is [`GUARD_SETTLE`].
+    actions: Actions,
     /// Which job Slurm placed each task's process in (jobs.rs).
     proofs: Option<JobProofs>,
 }
@@ -180,17 +176,14 @@ impl SlurmSink {
             Err(e) => return Err(e),
         };
         Ok(Self {
-            config,
             default_node,
             path,
             state,
             recorder,
             health,
+            actions: Actions::new(config.guard, GUARD_SETTLE),
+            config,
             gate: ActionGate::open(),
-            gated: BTreeSet::new(),
-            pending: BTreeSet::new(),
-            blocked: BTreeSet::new(),
-            settle: GUARD_SETTLE,
             proofs: None,
         })
     }
@@ -247,17 +240,14 @@ impl SlurmSink {
     async fn handle(&mut self, event: &Event) -> Result<(), ScontrolError> {
         let worker = event.body.worker.as_deref();
         match (event.body.kind, worker) {
-            (EventKind::WorkerUnhealthy, Some(w)) if self.config.drain => {
-                self.blocked.remove(w);
-                self.drain(w, event.body.reason.as_deref()).await
+            (EventKind::WorkerUnhealthy | EventKind::Heartbeat, _) if self.config.drain => {
+                self.actions.observe(event);
+                self.run_actions().await
             }
             (EventKind::WorkerRecovered, Some(w)) if self.config.drain => {
-                self.pending.remove(w);
-                self.blocked.remove(w);
-                self.gated.remove(w);
+                self.actions.observe(event);
                 self.resume(w).await
             }
-            (EventKind::Heartbeat, _) if self.config.drain => self.retry_pending(event).await,
             (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
                 let Some((job, proven)) = job_id(event, self.proofs.as_ref()) else {
                     return Ok(());

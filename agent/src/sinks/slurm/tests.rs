@@ -110,7 +110,7 @@ impl Fixture {
             health,
         )
         .unwrap();
-        sink.settle = Duration::from_millis(1);
+        sink.actions.set_settle(Duration::from_millis(1));
         sink
     }
 
@@ -343,7 +343,7 @@ async fn the_guard_keeps_a_node_open_and_drains_once_the_partition_can_spare_it(
     sink.send(&[w3]).await.unwrap();
     let beat = fx.heartbeat(&[]);
     sink.send(&[beat]).await.unwrap();
-    assert!(sink.pending.is_empty());
+    assert!(!sink.actions.has_pending());
 }
 
 #[tokio::test]
@@ -381,7 +381,7 @@ async fn concurrent_drains_that_cross_the_floor_keep_only_the_lowest_named_node(
             .contains("n1 keeps its drain"),
         "{blocked:?}"
     );
-    assert!(sink.pending.contains("w3"), "tried again later");
+    assert!(sink.actions.is_pending("w3"), "tried again later");
 
     // The other way round, the lowest name is ours: kept.
     let mut fx = Fixture::new();
@@ -559,6 +559,7 @@ async fn drains_and_requeues_wait_out_the_gate_after_a_state_loss() {
         Duration::from_secs(30),
         "the outbox database was corrupt and set aside as /s/outbox.sqlite.corrupt-1".into(),
     );
+    sink.actions.set_gate(sink.gate.clone());
     let unhealthy = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
     sink.send(&[unhealthy]).await.unwrap();
     let kill = fx.event(EventKind::OomKill, "w1", |b| {
