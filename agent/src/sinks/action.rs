@@ -46,14 +46,21 @@ use crate::model::event::{Event, EventKind};
 pub(crate) struct Plan {
     /// What is acted on, as reasons name it ("node n1", "Dask worker(s) a").
     pub subject: String,
-    /// The scheduler's own name for it (a node; the first Dask address):
-    /// the events' `scheduler_worker`.
-    pub scheduler_worker: String,
+    /// The scheduler's own names for what is acted on (a node; Dask
+    /// addresses); the first is the events' `scheduler_worker`.
+    pub members: Vec<String>,
     /// Members the action takes away, and how many of them run work.
     pub taking: usize,
     pub running: usize,
     /// The members the action takes from, as the guard counts them.
     pub capacity: Capacity,
+}
+
+impl Plan {
+    /// The scheduler's name of what is acted on, in events and tie-breaks.
+    pub(crate) fn scheduler_worker(&self) -> &str {
+        self.members.first().map_or("", String::as_str)
+    }
 }
 
 /// The scheduler's answer to "what would acting for this worker take".
@@ -162,11 +169,6 @@ impl Actions {
         }
     }
 
-    pub(crate) fn with_gate(mut self, gate: ActionGate) -> Self {
-        self.gate = gate;
-        self
-    }
-
     pub(crate) fn with_jitter(mut self, jitter: Duration) -> Self {
         self.jitter = jitter;
         self
@@ -176,6 +178,7 @@ impl Actions {
         self.gate = gate;
     }
 
+    #[cfg(test)]
     pub(crate) fn set_settle(&mut self, settle: Duration) {
         self.settle = settle;
     }
@@ -223,10 +226,12 @@ impl Actions {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn is_pending(&self, worker: &str) -> bool {
         self.pending.contains_key(worker)
     }
 
+    #[cfg(test)]
     pub(crate) fn is_done(&self, worker: &str) -> bool {
         self.done.contains(worker)
     }
@@ -284,14 +289,14 @@ impl Actions {
             return Ok(());
         };
         if let Some(stale) = scheduler.stale(worker) {
-            self.skip(scheduler, worker, Some(&plan.scheduler_worker), stale);
+            self.skip(scheduler, worker, Some(plan.scheduler_worker()), stale);
             return Ok(());
         }
         let words = scheduler.words();
         match scheduler.act(worker, &plan, why).await? {
             Acted::Done => {}
             Acted::Refused(reason) => {
-                let subject = plan.scheduler_worker.clone();
+                let subject = plan.scheduler_worker().to_string();
                 self.hold(
                     scheduler,
                     EventKind::ActionRefused,
@@ -315,7 +320,7 @@ impl Actions {
             } else {
                 stale
             };
-            self.skip(scheduler, worker, Some(&plan.scheduler_worker), stale);
+            self.skip(scheduler, worker, Some(plan.scheduler_worker()), stale);
             return Ok(());
         }
         info!(sink = %scheduler.sink(), %worker, subject = %plan.subject, "{}", words.done);
@@ -349,7 +354,7 @@ impl Actions {
                     "not {} {}: {blocked}; retried while the worker stays unhealthy",
                     words.doing, plan.subject
                 );
-                let subject = plan.scheduler_worker.clone();
+                let subject = plan.scheduler_worker().to_string();
                 self.hold(
                     scheduler,
                     EventKind::GuardBlocked,
@@ -392,7 +397,7 @@ impl Actions {
         }
         tokio::time::sleep(self.settle).await;
         let (capacity, keeper) = scheduler.recheck(plan).await?;
-        if !self.guard.crossed(&capacity) || keeper.as_deref() == Some(&plan.scheduler_worker) {
+        if !self.guard.crossed(&capacity) || keeper.as_deref() == Some(plan.scheduler_worker()) {
             debug!(sink = %scheduler.sink(), %worker, subject = %plan.subject, "re-checked");
             return Ok(());
         }
@@ -409,7 +414,7 @@ impl Actions {
             scheduler,
             EventKind::GuardBlocked,
             worker,
-            Some(&plan.scheduler_worker),
+            Some(plan.scheduler_worker()),
             format!(
                 "{} {}: {} in the same moment as {keeper} on another host, which crossed the cluster \
                  guard's floor; {keeper} keeps its {} (the lowest name); retried while the worker stays unhealthy",

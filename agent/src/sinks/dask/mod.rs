@@ -21,7 +21,7 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 mod config;
 pub(crate) mod names;
@@ -38,7 +38,8 @@ use crate::{
     },
     record::Recorder,
     sinks::{
-        ActionGate, SinkContext, Start, WorkerHealth,
+        SinkContext, Start, WorkerHealth,
+        action::{Acted, Actions, Plan, Read, Scheduler, Words},
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
         guard::Capacity,
@@ -63,7 +64,7 @@ impl Start for DaskConfig {
         )
         .with_context(|| format!("Dask sink {}", self.name))?;
         let mut sink = sink;
-        sink.gate = ctx.gate.clone();
+        sink.actions.set_gate(ctx.gate.clone());
         Ok(vec![
             ctx.spawn_delivery(sink),
             tokio::spawn(refresh_names(
@@ -83,17 +84,12 @@ pub(crate) struct DaskSink {
     recorder: Recorder,
     names: SchedulerNames,
     health: WorkerHealth,
-    /// Whether actions are held back after a state loss.
-    gate: ActionGate,
-    /// memwatch workers whose retirement the gate held back, said once.
-    gated: BTreeSet<String>,
-    /// memwatch workers that are unhealthy and not retired yet.
-    pending: BTreeSet<String>,
-    /// memwatch workers retired in their current unhealthy episode.
-    done: BTreeSet<String>,
-    /// memwatch workers whose `guard_blocked` (or refusal) was already
-    /// reported in this episode.
-    blocked: BTreeSet<String>,
+    /// Retirements: what is pending, done and said, run by the action
+    /// protocol (sinks/action.rs).
+    actions: Actions,
+    /// The scheduler's view read in this batch (mapping workers reads
+    /// /proc: once per batch, however many workers are pending).
+    view: Option<Vec<Mapped>>,
     /// How long a retirement's answer is waited for (RETIRE_ANSWER_WAIT).
     retire_wait: Duration,
 }
@@ -108,57 +104,15 @@ impl DaskSink {
     ) -> Result<Self, reqwest::Error> {
         Ok(Self {
             client: client(&config.delivery)?,
-            config,
             specs,
             recorder,
             names,
             health,
-            gate: ActionGate::open(),
-            gated: BTreeSet::new(),
-            pending: BTreeSet::new(),
-            done: BTreeSet::new(),
-            blocked: BTreeSet::new(),
+            actions: Actions::new(config.guard, Duration::ZERO).with_jitter(RETIRE_JITTER),
+            view: None,
             retire_wait: RETIRE_ANSWER_WAIT,
+            config,
         })
-    }
-
-    fn observe(&mut self, event: &Event) {
-        let worker = event.body.worker.clone();
-        match (event.body.kind, worker) {
-            (EventKind::WorkerUnhealthy, Some(w)) if !self.done.contains(&w) => {
-                self.pending.insert(w);
-            }
-            (EventKind::WorkerRecovered, Some(w)) => self.forget(&w),
-            (EventKind::Heartbeat, _) => {
-                let workers = event
-                    .body
-                    .state
-                    .as_ref()
-                    .and_then(|s| s.get("workers"))
-                    .and_then(|w| w.as_array());
-                for w in workers.into_iter().flatten() {
-                    let (Some(name), Some(status)) = (
-                        w.get("name").and_then(|n| n.as_str()),
-                        w.get("status").and_then(|s| s.as_str()),
-                    ) else {
-                        continue;
-                    };
-                    if status != "unhealthy" {
-                        self.forget(name);
-                    } else if !self.done.contains(name) {
-                        self.pending.insert(name.to_string());
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn forget(&mut self, worker: &str) {
-        self.pending.remove(worker);
-        self.done.remove(worker);
-        self.blocked.remove(worker);
-        self.gated.remove(worker);
     }
 
     /// Every worker the scheduler lists, with its status
@@ -207,121 +161,6 @@ impl DaskSink {
         Ok(())
     }
 
-    /// Retires the Dask workers of every pending memwatch worker the
-    /// cluster guard lets go, one memwatch worker at a time, against the
-    /// scheduler's present view (shared by every host's agent: a worker
-    /// retiring by anyone's doing counts as gone).
-    // Long, on purpose: the checks before a retirement (stale, gate, guard,
-    // guard again on fresh statuses, the bounded answer) share the view and
-    // must run in this order; split, the order would hide in the calls.
-    async fn retire_pending(&mut self) -> Result<(), SendError> {
-        for worker in self.pending.clone() {
-            if let Some(why) = stale(&self.health, &worker) {
-                info!(sink = %self.config.name, %worker, %why, "retirement skipped");
-                self.pending.remove(&worker);
-                self.blocked.remove(&worker);
-                self.report(EventKind::ActionSkipped, &worker, &[], &why);
-            }
-        }
-        if let Some(why) = self.gate.holds() {
-            // Kept pending: tried again at a later batch, past the window.
-            for worker in self.pending.clone() {
-                if self.gated.insert(worker.clone()) {
-                    info!(sink = %self.config.name, %worker, %why, "retirement held back");
-                    self.report(EventKind::ActionSkipped, &worker, &[], &format!(
-                        "Dask worker(s) of {worker} not retired yet: {why}; retired after that if the worker is still unhealthy"
-                    ));
-                }
-            }
-            return Ok(());
-        }
-        // Agents of several hosts whose workers turned unhealthy together
-        // would otherwise read the same view in the same moment: a spread
-        // narrows that race (docs/dask.md says what remains of it).
-        tokio::time::sleep(jitter(RETIRE_JITTER)).await;
-        let mut mapped = self.dask_workers().await?;
-        for worker in self.pending.clone() {
-            let (addresses, running) = retirable(&mapped, &worker);
-            if addresses.is_empty() {
-                debug!(sink = %self.config.name, %worker, "no Dask worker of this worker is in the cluster");
-                continue;
-            }
-            let guard = self
-                .config
-                .guard
-                .check(&capacity(&mapped), addresses.len(), running);
-            // Passed: read the statuses once more right before acting (the
-            // mapping above reads /proc and may take a while, and another
-            // host may have retired a worker meanwhile).
-            let (addresses, guard) = match guard {
-                Ok(()) => {
-                    self.refresh_statuses(&mut mapped).await?;
-                    let (addresses, running) = retirable(&mapped, &worker);
-                    if addresses.is_empty() {
-                        continue;
-                    }
-                    let guard =
-                        self.config
-                            .guard
-                            .check(&capacity(&mapped), addresses.len(), running);
-                    (addresses, guard)
-                }
-                blocked => (addresses, blocked),
-            };
-            if let Err(blocked) = guard {
-                if self.blocked.insert(worker.clone()) {
-                    warn!(sink = %self.config.name, %worker, dask = ?addresses, %blocked, "retirement refused by the cluster guard");
-                    self.report(EventKind::GuardBlocked, &worker, &addresses, &format!(
-                        "not retiring Dask worker(s) {}: {blocked}; retried when the cluster changes",
-                        addresses.join(", ")
-                    ));
-                }
-                continue;
-            }
-            let retired = match tokio::time::timeout(self.retire_wait, self.retire(&addresses))
-                .await
-            {
-                Ok(answer) => answer?,
-                // `retire_workers` answers once the data has moved, which
-                // may take long, or never when two hosts retired each
-                // other's only recipient: the scheduler's status says
-                // whether the retirement is under way.
-                Err(_) => {
-                    self.refresh_statuses(&mut mapped).await?;
-                    let under_way: BTreeSet<String> = mapped
-                        .iter()
-                        .filter(|m| addresses.contains(&m.address) && m.leaving())
-                        .map(|m| m.address.clone())
-                        .collect();
-                    info!(sink = %self.config.name, %worker, dask = ?addresses, leaving = ?under_way, wait = ?self.retire_wait, "no answer from retire_workers yet: judged from the workers' statuses");
-                    under_way
-                }
-            };
-            if retired.is_empty() {
-                if self.blocked.insert(worker.clone()) {
-                    warn!(sink = %self.config.name, %worker, dask = ?addresses, "the scheduler retired none of the workers asked");
-                    self.report(EventKind::ActionRefused, &worker, &addresses, &format!(
-                        "Dask retired none of {}: its retire_workers answer listed none, or none was \
-                         leaving after {:.1}s (it keeps a worker whose data has nowhere to go); retried \
-                         when the cluster changes",
-                        addresses.join(", "),
-                        self.retire_wait.as_secs_f64()
-                    ));
-                }
-                continue;
-            }
-            info!(sink = %self.config.name, %worker, dask = ?retired, "Dask workers retired");
-            self.count("retire");
-            for m in mapped.iter_mut().filter(|m| retired.contains(&m.address)) {
-                m.status = Some("closing_gracefully".into());
-            }
-            self.pending.remove(&worker);
-            self.blocked.remove(&worker);
-            self.done.insert(worker);
-        }
-        Ok(())
-    }
-
     /// Asks the scheduler to retire `addresses`; the ones it says it
     /// retired (the keys of its answer).
     async fn retire(&self, addresses: &[String]) -> Result<BTreeSet<String>, SendError> {
@@ -355,16 +194,137 @@ impl DaskSink {
             .inc();
     }
 
-    /// Records a `guard_blocked` or `action_refused` event of `worker`.
-    fn report(&self, kind: EventKind, worker: &str, addresses: &[String], reason: &str) {
-        self.count(kind.as_str());
-        report(
-            &self.recorder,
-            kind,
-            Some(worker),
-            addresses.first().map(String::as_str),
-            reason.to_string(),
-        );
+    /// The plan for `worker` in the batch's view.
+    fn plan(&self, worker: &str) -> Read {
+        let mapped = self.view.as_deref().unwrap_or_default();
+        let (addresses, running) = retirable(mapped, worker);
+        if addresses.is_empty() {
+            return Read::Nothing(format!("no Dask worker of {worker} is in the cluster"));
+        }
+        Read::Act(Plan {
+            subject: format!("Dask worker(s) {}", addresses.join(", ")),
+            capacity: capacity(mapped),
+            taking: addresses.len(),
+            running,
+            members: addresses,
+        })
+    }
+}
+
+/// The Dask sink's part of the action protocol: the scheduler's view is
+/// its workers mapped to memwatch workers; a retirement cannot be undone.
+impl Scheduler for DaskSink {
+    type Error = SendError;
+
+    fn sink(&self) -> &str {
+        &self.config.name
+    }
+
+    fn words(&self) -> Words {
+        Words {
+            doing: "retiring",
+            done: "retired",
+            noun: "retirement",
+            undone: "",
+        }
+    }
+
+    fn subject(&self, worker: &str) -> String {
+        format!("the Dask worker(s) of {worker}")
+    }
+
+    fn stale(&self, worker: &str) -> Option<String> {
+        stale(&self.health, worker)
+    }
+
+    async fn read(&mut self, worker: &str) -> Result<Read, SendError> {
+        if self.view.is_none() {
+            self.view = Some(self.dask_workers().await?);
+        }
+        Ok(self.plan(worker))
+    }
+
+    /// The statuses once more right before acting: the mapping reads /proc
+    /// and may take a while, and another host may have retired a worker
+    /// meanwhile.
+    async fn refresh(&mut self, worker: &str, _plan: Plan) -> Result<Read, SendError> {
+        let mut mapped = self.view.take().unwrap_or_default();
+        let refreshed = self.refresh_statuses(&mut mapped).await;
+        self.view = Some(mapped);
+        refreshed?;
+        Ok(self.plan(worker))
+    }
+
+    async fn act(
+        &mut self,
+        worker: &str,
+        plan: &Plan,
+        _why: Option<&str>,
+    ) -> Result<Acted, SendError> {
+        let addresses = &plan.members;
+        let retired = match tokio::time::timeout(self.retire_wait, self.retire(addresses)).await {
+            Ok(answer) => answer?,
+            // `retire_workers` answers once the data has moved, which may
+            // take long, or never when two hosts retired each other's only
+            // recipient: the scheduler's status says whether the
+            // retirement is under way.
+            Err(_) => {
+                let mut mapped = self.view.take().unwrap_or_default();
+                let refreshed = self.refresh_statuses(&mut mapped).await;
+                let under_way: BTreeSet<String> = mapped
+                    .iter()
+                    .filter(|m| addresses.contains(&m.address) && m.leaving())
+                    .map(|m| m.address.clone())
+                    .collect();
+                self.view = Some(mapped);
+                refreshed?;
+                info!(sink = %self.config.name, %worker, dask = ?addresses, leaving = ?under_way, wait = ?self.retire_wait, "no answer from retire_workers yet: judged from the workers' statuses");
+                under_way
+            }
+        };
+        if retired.is_empty() {
+            return Ok(Acted::Refused(format!(
+                "Dask retired none of {}: its retire_workers answer listed none, or none was \
+                 leaving after {:.1}s (it keeps a worker whose data has nowhere to go); retried \
+                 when the cluster changes",
+                addresses.join(", "),
+                self.retire_wait.as_secs_f64()
+            )));
+        }
+        info!(sink = %self.config.name, %worker, dask = ?retired, "Dask workers retired");
+        self.count("retire");
+        for m in self
+            .view
+            .iter_mut()
+            .flatten()
+            .filter(|m| retired.contains(&m.address))
+        {
+            m.status = Some("closing_gracefully".into());
+        }
+        Ok(Acted::Done)
+    }
+
+    async fn undo(&mut self, _worker: &str, _plan: &Plan) -> Result<bool, SendError> {
+        Ok(false)
+    }
+
+    async fn recheck(&mut self, plan: &Plan) -> Result<(Capacity, Option<String>), SendError> {
+        // Never asked: a retirement is not undone, so it is not re-checked.
+        Ok((Capacity::default(), plan.members.first().cloned()))
+    }
+
+    fn report(
+        &self,
+        kind: EventKind,
+        worker: &str,
+        scheduler_worker: Option<&str>,
+        reason: String,
+    ) {
+        report(&self.recorder, kind, Some(worker), scheduler_worker, reason);
+    }
+
+    fn count(&self, action: &str) {
+        DaskSink::count(self, action);
     }
 }
 
@@ -379,12 +339,16 @@ impl Sink for DaskSink {
 
     async fn send(&mut self, batch: &[Event]) -> Result<(), SendError> {
         for event in batch {
-            self.observe(event);
+            self.actions.observe(event);
         }
-        if self.pending.is_empty() {
+        if !self.actions.has_pending() {
             return Ok(());
         }
-        self.retire_pending().await
+        self.view = None;
+        let mut actions = std::mem::take(&mut self.actions);
+        let result = actions.run(self).await;
+        self.actions = actions;
+        result
     }
 }
 
@@ -393,13 +357,6 @@ const RETIRE_JITTER: Duration = Duration::from_millis(1000);
 /// How long a retirement's answer is waited for before the scheduler's
 /// statuses decide whether it is under way.
 const RETIRE_ANSWER_WAIT: Duration = Duration::from_secs(15);
-
-/// A pause of up to `max`, different on every host and call.
-fn jitter(max: Duration) -> Duration {
-    let random = uuid::Uuid::now_v7().as_u128() as u64;
-    let nanos = max.as_nanos().max(1) as u64;
-    Duration::from_nanos(random % nanos)
-}
 
 /// The Dask workers of memwatch worker `worker` that a retirement would
 /// take away (those not leaving already), and how many of them run.

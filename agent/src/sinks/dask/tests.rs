@@ -289,7 +289,7 @@ async fn an_unreachable_scheduler_fails_the_batch_for_a_retry() {
         .unwrap_err();
     assert_eq!(error.class, FailureClass::Connect, "{error}");
     // Events that need no action need no scheduler.
-    sink.pending.clear();
+    sink.actions.forget("w1");
     sink.send(&[event(2, EventKind::TaskStarted, Some("w1"), None)])
         .await
         .unwrap();
@@ -406,7 +406,7 @@ async fn a_stale_unhealthy_event_retires_nothing() {
     assert!(fake.retired.lock().unwrap().is_empty());
     let skipped = of_kind(&outbox, EventKind::ActionSkipped);
     assert_eq!(skipped.len(), 1, "{skipped:?}");
-    assert!(sink.pending.is_empty());
+    assert!(!sink.actions.has_pending());
 }
 
 /// `retire_workers` that never answers (two hosts retiring each other's
@@ -437,7 +437,7 @@ async fn a_retirement_without_an_answer_is_judged_from_the_statuses() {
         let refused = of_kind(&outbox, EventKind::ActionRefused);
         if retired {
             assert!(refused.is_empty(), "{refused:?}");
-            assert!(sink.done.contains("w1") && sink.pending.is_empty());
+            assert!(sink.actions.is_done("w1") && !sink.actions.has_pending());
         } else {
             assert_eq!(refused.len(), 1, "{status:?}");
             assert!(
@@ -449,7 +449,7 @@ async fn a_retirement_without_an_answer_is_judged_from_the_statuses() {
                     .contains("none was leaving after 0.3s"),
                 "{refused:?}"
             );
-            assert!(sink.pending.contains("w1"), "tried again later");
+            assert!(sink.actions.is_pending("w1"), "tried again later");
         }
     }
 }
@@ -468,10 +468,10 @@ async fn retirements_wait_out_the_gate_after_a_state_loss() {
     let url = serve(fake.clone()).await;
     let outbox = outbox();
     let mut sink = sink(&url, &outbox);
-    sink.gate = crate::sinks::ActionGate::closed_for(
+    sink.actions.set_gate(crate::sinks::ActionGate::closed_for(
         Duration::from_secs(30),
         "the outbox database was corrupt and set aside as /s/outbox.sqlite.corrupt-1".into(),
-    );
+    ));
     sink.send(&[event(1, EventKind::WorkerUnhealthy, Some("w1"), None)])
         .await
         .unwrap();

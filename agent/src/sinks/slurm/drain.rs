@@ -70,7 +70,7 @@ impl Scheduler for SlurmSink {
         let taking = usize::from(!me.gone());
         Ok(Read::Act(Plan {
             subject: format!("node {node}"),
-            scheduler_worker: node.clone(),
+            members: vec![node.clone()],
             taking,
             running: taking,
             capacity: nodes::capacity(&nodes::pool(&all, me)),
@@ -83,7 +83,7 @@ impl Scheduler for SlurmSink {
         plan: &Plan,
         why: Option<&str>,
     ) -> Result<Acted, ScontrolError> {
-        let node = &plan.scheduler_worker;
+        let node = plan.scheduler_worker();
         self.scontrol(&[
             "update".into(),
             format!("NodeName={node}"),
@@ -95,7 +95,7 @@ impl Scheduler for SlurmSink {
         // the node is the recovery's to finish.
         self.state
             .drained
-            .entry(node.clone())
+            .entry(node.to_string())
             .or_default()
             .insert(worker.to_string());
         self.count("drain");
@@ -103,16 +103,19 @@ impl Scheduler for SlurmSink {
     }
 
     async fn undo(&mut self, _worker: &str, plan: &Plan) -> Result<bool, ScontrolError> {
-        self.resume_node(&plan.scheduler_worker).await?;
-        self.state.drained.remove(&plan.scheduler_worker);
+        self.resume_node(plan.scheduler_worker()).await?;
+        self.state.drained.remove(plan.scheduler_worker());
         Ok(true)
     }
 
     async fn recheck(&mut self, plan: &Plan) -> Result<(Capacity, Option<String>), ScontrolError> {
         let all = self.nodes().await?;
-        let Some(me) = all.iter().find(|n| n.name == plan.scheduler_worker) else {
+        let Some(me) = all.iter().find(|n| n.name == plan.scheduler_worker()) else {
             // Gone from the controller: nothing of ours to undo.
-            return Ok((Capacity::default(), Some(plan.scheduler_worker.clone())));
+            return Ok((
+                Capacity::default(),
+                Some(plan.scheduler_worker().to_string()),
+            ));
         };
         let pool = nodes::pool(&all, me);
         Ok((
