@@ -52,7 +52,8 @@ use crate::{
     },
     record::Recorder,
     sinks::{
-        ActionGate, SinkContext, Start, WorkerHealth,
+        SinkContext, Start, WorkerHealth,
+        action::Actions,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
     },
@@ -139,7 +140,11 @@ pub(crate) struct KubernetesSink {
     pods: PodNames,
     health: WorkerHealth,
     workers: Vec<String>,
-    gate: ActionGate,
+    /// The taint: pending, done and said, run by the action protocol
+    /// (sinks/action.rs) for the node as a whole (key: the node's name).
+    actions: Actions,
+    /// The node as the last reconcile read it.
+    current: Option<Node>,
     /// Why each worker is unhealthy, from its last `worker_unhealthy` or
     /// heartbeat.
     reasons: BTreeMap<String, String>,
@@ -149,11 +154,6 @@ pub(crate) struct KubernetesSink {
     done: u64,
     /// Whether the node was made to say the present since this start.
     asserted: bool,
-    /// Whether the guard's refusal (or the gate's hold) was said in this
-    /// episode.
-    blocked: bool,
-    /// How long after tainting the nodes are read again.
-    settle: std::time::Duration,
 }
 
 impl KubernetesSink {
@@ -167,7 +167,7 @@ impl KubernetesSink {
             ctx.health.clone(),
             workers,
         );
-        sink.gate = ctx.gate.clone();
+        sink.actions.set_gate(ctx.gate.clone());
         sink
     }
 
@@ -180,20 +180,19 @@ impl KubernetesSink {
         workers: Vec<String>,
     ) -> Self {
         Self {
-            config,
             node,
             client,
             pods: recorder.pods().clone(),
             recorder,
             health,
             workers,
-            gate: ActionGate::open(),
+            actions: Actions::new(config.guard, node::GUARD_SETTLE),
+            current: None,
             reasons: BTreeMap::new(),
             log: EventLog::default(),
             done: 0,
             asserted: false,
-            blocked: false,
-            settle: node::GUARD_SETTLE,
+            config,
         }
     }
 

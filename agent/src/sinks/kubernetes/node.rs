@@ -7,15 +7,19 @@ use std::time::Duration;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{ListParams, Patch, PatchParams};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{
-    KubernetesSink,
+    KubernetesSink, NAME,
     objects::{self, Unhealthy},
 };
 use crate::{
     model::{event::EventKind, health::Health},
-    sinks::report,
+    sinks::{
+        action::{Acted, Plan, Read, Scheduler, Words},
+        guard::Capacity,
+        report,
+    },
 };
 
 /// How long after tainting the nodes are read again: longer than another
@@ -71,14 +75,17 @@ impl KubernetesSink {
             self.reconcile_taint(node, !unhealthy.is_empty()).await?;
         }
         if unhealthy.is_empty() {
-            self.blocked = false;
+            // The episode is over: a later refusal is said again.
+            self.actions.forget(&self.node.clone());
         }
         Ok(())
     }
 
     async fn reconcile_taint(&mut self, node: Node, want: bool) -> Result<(), kube::Error> {
         let has = objects::has_taint(&node);
+        let key = self.node.clone();
         if !want {
+            self.actions.forget(&key);
             if has {
                 self.set_taint(node, false).await?;
                 info!(node = %self.node, "taint {} removed: every worker is healthy", objects::TAINT_KEY);
@@ -86,68 +93,12 @@ impl KubernetesSink {
             }
             return Ok(());
         }
-        if has {
-            return Ok(());
-        }
-        if let Some(why) = self.gate.holds() {
-            self.hold(
-                EventKind::ActionSkipped,
-                format!("node {} not tainted yet: {why}", self.node),
-            );
-            return Ok(());
-        }
-        let all = self.nodes().list(&ListParams::default()).await?.items;
-        let taking = usize::from(!objects::unschedulable(&node));
-        if let Err(blocked) = self
-            .config
-            .guard
-            .check(&objects::capacity(&all), taking, taking)
-        {
-            self.hold(
-                EventKind::GuardBlocked,
-                format!(
-                    "not tainting node {}: {blocked}; retried while a worker stays unhealthy",
-                    self.node
-                ),
-            );
-            return Ok(());
-        }
-        // The list may have waited on the API: the present may have moved.
-        if self.unhealthy().is_empty() {
-            return Ok(());
-        }
-        self.set_taint(node, true).await?;
-        info!(node = %self.node, "taint {}:{} set", objects::TAINT_KEY, objects::TAINT_EFFECT);
-        self.count("taint");
-        self.recheck().await
-    }
-
-    /// The check after tainting: when taints set in the same moment on
-    /// other nodes crossed the floor, the lowest-named node keeps its taint
-    /// and the others take theirs off.
-    async fn recheck(&mut self) -> Result<(), kube::Error> {
-        tokio::time::sleep(self.settle).await;
-        let all = self.nodes().list(&ListParams::default()).await?.items;
-        let keeper = objects::keeper(&all).map(str::to_string);
-        if !self.config.guard.crossed(&objects::capacity(&all))
-            || keeper.as_deref() == Some(&self.node)
-        {
-            return Ok(());
-        }
-        let node = self.nodes().get(&self.node).await?;
-        self.set_taint(node, false).await?;
-        self.count("undo");
-        warn!(node = %self.node, "taints set in the same moment crossed the cluster guard's floor; ours taken off");
-        let keeper = keeper.unwrap_or_else(|| "another node".into());
-        self.hold(
-            EventKind::GuardBlocked,
-            format!(
-                "taint on node {} taken off: set in the same moment as {keeper}'s, which crossed the cluster \
-                 guard's floor; {keeper} keeps its taint (the lowest name); retried while a worker stays unhealthy",
-                self.node
-            ),
-        );
-        Ok(())
+        self.current = Some(node);
+        self.actions.want(&key, None);
+        let mut actions = std::mem::take(&mut self.actions);
+        let result = actions.run(self).await;
+        self.actions = actions;
+        result
     }
 
     /// Adds or removes the taint, reading the node again after a conflict.
@@ -175,26 +126,98 @@ impl KubernetesSink {
             }
         }
     }
+}
 
-    /// Says once per episode why the node stays schedulable.
-    fn hold(&mut self, kind: EventKind, reason: String) {
-        if self.blocked {
-            return;
+/// The taint's part of the action protocol. The protocol's worker is the
+/// node (the taint is the node's, whichever workers are unhealthy): stale
+/// once no worker is unhealthy.
+impl Scheduler for KubernetesSink {
+    type Error = kube::Error;
+
+    fn sink(&self) -> &str {
+        NAME
+    }
+
+    fn words(&self) -> Words {
+        Words {
+            doing: "tainting",
+            done: "tainted",
+            noun: "taint",
+            undone: "untainted",
         }
-        self.blocked = true;
-        warn!(node = %self.node, %reason, "taint held");
-        self.count(if kind == EventKind::GuardBlocked {
-            "guard_blocked"
-        } else {
-            "skipped"
-        });
+    }
+
+    fn subject(&self, _node: &str) -> String {
+        format!("node {}", self.node)
+    }
+
+    fn stale(&self, _node: &str) -> Option<String> {
+        self.unhealthy()
+            .is_empty()
+            .then(|| "no worker is unhealthy now: nothing done".to_string())
+    }
+
+    async fn read(&mut self, _node: &str) -> Result<Read, kube::Error> {
+        let node = match self.current.clone() {
+            Some(node) => node,
+            None => self.nodes().get(&self.node).await?,
+        };
+        if objects::has_taint(&node) {
+            return Ok(Read::Done(format!("node {} has the taint", self.node)));
+        }
+        let all = self.nodes().list(&ListParams::default()).await?.items;
+        let taking = usize::from(!objects::unschedulable(&node));
+        Ok(Read::Act(Plan {
+            subject: format!("node {}", self.node),
+            members: vec![self.node.clone()],
+            taking,
+            running: taking,
+            capacity: objects::capacity(&all),
+        }))
+    }
+
+    async fn act(
+        &mut self,
+        _node: &str,
+        _plan: &Plan,
+        _why: Option<&str>,
+    ) -> Result<Acted, kube::Error> {
+        let node = match self.current.take() {
+            Some(node) => node,
+            None => self.nodes().get(&self.node).await?,
+        };
+        self.set_taint(node, true).await?;
+        info!(node = %self.node, "taint {}:{} set", objects::TAINT_KEY, objects::TAINT_EFFECT);
+        self.count("taint");
+        Ok(Acted::Done)
+    }
+
+    async fn undo(&mut self, _node: &str, _plan: &Plan) -> Result<bool, kube::Error> {
+        let node = self.nodes().get(&self.node).await?;
+        self.set_taint(node, false).await?;
+        Ok(true)
+    }
+
+    async fn recheck(&mut self, _plan: &Plan) -> Result<(Capacity, Option<String>), kube::Error> {
+        let all = self.nodes().list(&ListParams::default()).await?.items;
+        Ok((
+            objects::capacity(&all),
+            objects::keeper(&all).map(str::to_string),
+        ))
+    }
+
+    fn report(&self, kind: EventKind, _node: &str, scheduler_worker: Option<&str>, reason: String) {
         let worker = self.unhealthy().first().map(|u| u.worker.clone());
         report(
             &self.recorder,
             kind,
             worker.as_deref(),
-            Some(&self.node),
+            Some(scheduler_worker.unwrap_or(&self.node)),
             reason,
         );
+    }
+
+    fn count(&self, action: &str) {
+        KubernetesSink::count(self, action);
     }
 }

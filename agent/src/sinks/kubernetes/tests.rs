@@ -98,7 +98,7 @@ impl Harness {
             health,
             vec!["w1".into(), "w2".into()],
         );
-        sink.settle = Duration::from_millis(20);
+        sink.actions.set_settle(Duration::from_millis(20));
         sink
     }
 
