@@ -8,6 +8,7 @@ pub(crate) mod exec;
 pub(crate) mod run;
 pub(crate) mod seccomp;
 pub(crate) mod status;
+pub(crate) mod top;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
@@ -49,6 +50,12 @@ pub enum Command {
     /// Print recent events from the local agent, one per line (`--json`:
     /// one JSON object per line).
     Events(EventsArgs),
+    /// Live view of the local agent, refreshed every second: the verdict,
+    /// each worker and task with memory, soft cap, growth rate and trend,
+    /// what needs attention first, the last events. Keys: s sort, f filter
+    /// by worker, p pause, q quit. Plain lines when the output is not a
+    /// terminal.
+    Top(TopArgs),
     /// Print the seccomp profile the agent's container needs (the runtime
     /// default plus bpf and perf_event_open for CAP_BPF and CAP_PERFMON),
     /// or write it to a file, e.g. under the kubelet's seccomp directory.
@@ -134,6 +141,24 @@ pub struct StatusArgs {
     /// the agent cannot be asked (deploy/npd/memwatch-monitor.json).
     #[arg(long)]
     pub npd: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// Milliseconds between refreshes (at least 100).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Stop after N refreshes (default: until q).
+    #[arg(long, value_name = "N")]
+    pub iterations: Option<u64>,
+    /// Plain lines even on a terminal (no keys, no screen drawing).
+    #[arg(long)]
+    pub plain: bool,
+    /// Width of the plain lines.
+    #[arg(long, value_name = "COLUMNS", default_value_t = 80)]
+    pub width: usize,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -267,6 +292,7 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
             report(run::run(config).await)
         }
         Command::Events(args) => report(events::run(&args).await),
+        Command::Top(args) => report(top::run(&args).await),
         Command::Status(args) if args.npd => ExitCode::from(status::npd(&args).await),
         Command::Status(args) => match status::run(&args).await {
             Ok(verdict) => ExitCode::from(status::exit_code(verdict)),
