@@ -1,5 +1,6 @@
 //! Pure policy: facts and a clock in, verdicts out. No I/O here.
 
+pub(crate) mod imminent;
 pub(crate) mod policy;
 pub(crate) mod predict;
 pub(crate) mod self_health;

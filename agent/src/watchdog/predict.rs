@@ -218,8 +218,8 @@ fn lower_envelope(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     envelope
 }
 
-/// Changes smaller than this at `level` bytes are noise: neither a drop
-/// nor a growth.
+/// A fall below the running peak at `level` bytes smaller than this is
+/// noise, not a drop.
 fn drop_size(level: f64) -> f64 {
     (level * DROP_FRACTION).max(DROP_MIN_BYTES as f64)
 }
