@@ -10,7 +10,7 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
-    imminent::{KillReport, Predictions, Reading},
+    imminent::{Predictions, Reading},
     task::{TaskState, TaskView},
     worker::{Cause, Transition, WorkerState, WorkerView, bytes},
 };
@@ -427,29 +427,6 @@ impl Watchdog {
         events
     }
 
-    /// Every cgroup the predictor follows: (cgroup, worker, task).
-    pub(crate) fn prediction_targets(&self) -> Vec<(std::path::PathBuf, String, Option<String>)> {
-        let workers = self.workers.values().filter_map(|w| {
-            let cgroup = w.spec.source.cgroup()?;
-            Some((cgroup.to_path_buf(), w.spec.name.clone(), None))
-        });
-        let tasks = self.tasks.values().filter_map(|t| {
-            let cgroup = t.source.as_ref()?.cgroup()?;
-            Some((cgroup.to_path_buf(), t.worker.clone(), Some(t.id.clone())))
-        });
-        workers.chain(tasks).collect()
-    }
-
-    /// The ETA said for `cgroup`, while its kill is imminent.
-    pub(crate) fn eta(&self, cgroup: &Path, now: Instant) -> Option<f64> {
-        self.predictions.eta(cgroup, now)
-    }
-
-    /// A kill in `cgroup` at `at`: how early and how well it was predicted.
-    pub(crate) fn predicted_kill(&mut self, cgroup: &Path, at: Instant) -> Option<KillReport> {
-        self.predictions.killed(cgroup, at)
-    }
-
     /// Names the task and worker of an OOM victim (by its memory cgroup, or
     /// its pid); the task ends as OOM-killed.
     pub(crate) fn attribute_oom(
@@ -646,5 +623,6 @@ fn worker_recovered(
     body
 }
 
+mod predict;
 #[cfg(test)]
 mod tests;
