@@ -36,6 +36,64 @@ pub(crate) fn oom_limit(victim_cgroup: &Path, root: &Path) -> (OomConstraint, Op
     (OomConstraint::Global, None)
 }
 
+/// One finite limit above a cgroup (its own or an ancestor's), with the
+/// unreclaimable usage that counts against it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ChainLimit {
+    pub cgroup: PathBuf,
+    pub bytes: u64,
+    pub used: u64,
+}
+
+/// Every finite limit from `cgroup` up to (not including) `root`: v1
+/// `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes` (memory plus
+/// swap), v2 `memory.max`. A cgroup whose figures cannot be read is left
+/// out. Also the cgroup's own `memory.high` when it sits below its limit.
+pub(crate) fn limit_chain(cgroup: &Path, root: &Path) -> (Vec<ChainLimit>, Option<u64>) {
+    let read = |dir: &Path, file: &str| -> Option<u64> {
+        let text = fs::read_to_string(dir.join(file)).ok()?;
+        text.trim().parse().ok().filter(|&v| v < UNLIMITED)
+    };
+    let mut chain = Vec::new();
+    let mut dir = Some(cgroup);
+    while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
+        if let Ok(used) = super::memory::unreclaimable(d) {
+            for limit in [read(d, "memory.limit_in_bytes"), read(d, "memory.max")]
+                .into_iter()
+                .flatten()
+            {
+                chain.push(ChainLimit {
+                    cgroup: d.to_path_buf(),
+                    bytes: limit,
+                    used,
+                });
+            }
+            if let (Some(limit), Some(memsw)) = (
+                read(d, "memory.memsw.limit_in_bytes"),
+                read(d, "memory.memsw.usage_in_bytes"),
+            ) {
+                // Swap counts against it too: memsw usage less the clean
+                // cache, as in `used`.
+                let usage = read(d, "memory.usage_in_bytes").unwrap_or(0);
+                let swap = memsw.saturating_sub(usage);
+                chain.push(ChainLimit {
+                    cgroup: d.to_path_buf(),
+                    bytes: limit,
+                    used: used + swap,
+                });
+            }
+        }
+        dir = d.parent();
+    }
+    let own_max = chain
+        .iter()
+        .filter(|l| l.cgroup == cgroup)
+        .map(|l| l.bytes)
+        .min();
+    let high = read(cgroup, "memory.high").filter(|&h| own_max.is_some_and(|m| h < m));
+    (chain, high)
+}
+
 /// The cgroup has a finite limit and its peak usage reached it.
 fn at_limit(cgroup: &Path) -> bool {
     let read = |file: &str| -> Option<u64> {
@@ -145,6 +203,74 @@ mod tests {
             oom_limit(&child, root.path()),
             (OomConstraint::Global, None)
         );
+    }
+
+    #[test]
+    fn the_chain_has_every_finite_limit_up_to_the_root_and_high_below_max() {
+        let root = tempfile::tempdir().unwrap();
+        let stat = |dir: &Path, file_bytes: u64| {
+            fs::write(
+                dir.join("memory.stat"),
+                format!("total_inactive_file {file_bytes}\n"),
+            )
+            .unwrap();
+        };
+        let parent = cgroup(
+            root.path(),
+            "p",
+            &[
+                ("memory.limit_in_bytes", 512 * MIB),
+                ("memory.usage_in_bytes", 300 * MIB),
+            ],
+        );
+        stat(&parent, 100 * MIB);
+        let child = cgroup(
+            root.path(),
+            "p/c",
+            &[
+                ("memory.limit_in_bytes", NO_LIMIT),
+                ("memory.usage_in_bytes", 150 * MIB),
+                ("memory.memsw.limit_in_bytes", 1024 * MIB),
+                ("memory.memsw.usage_in_bytes", 160 * MIB),
+            ],
+        );
+        stat(&child, 50 * MIB);
+        let (chain, high) = limit_chain(&child, root.path());
+        assert_eq!(
+            chain,
+            vec![
+                ChainLimit {
+                    cgroup: child.clone(),
+                    bytes: 1024 * MIB,
+                    used: 110 * MIB
+                },
+                ChainLimit {
+                    cgroup: parent.clone(),
+                    bytes: 512 * MIB,
+                    used: 200 * MIB
+                },
+            ]
+        );
+        assert_eq!(high, None);
+
+        let dir = root.path().join("v2");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("memory.max"), "268435456\n").unwrap();
+        fs::write(dir.join("memory.current"), "104857600\n").unwrap();
+        fs::write(dir.join("memory.high"), "241172480\n").unwrap();
+        fs::write(dir.join("memory.stat"), "anon 104857600\n").unwrap();
+        let (chain, high) = limit_chain(&dir, root.path());
+        assert_eq!(
+            chain,
+            vec![ChainLimit {
+                cgroup: dir.clone(),
+                bytes: 256 * MIB,
+                used: 100 * MIB
+            }]
+        );
+        assert_eq!(high, Some(230 * MIB), "memory.high below memory.max");
+        fs::write(dir.join("memory.high"), "max\n").unwrap();
+        assert_eq!(limit_chain(&dir, root.path()).1, None);
     }
 
     #[test]

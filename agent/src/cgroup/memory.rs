@@ -16,6 +16,46 @@ pub fn working_set(cgroup: &Path) -> io::Result<u64> {
     Ok(usage.saturating_sub(inactive))
 }
 
+/// What reclaim cannot free: usage minus clean page cache (active and
+/// inactive file not dirty or under writeback), and minus reclaimable slab
+/// on v2. Without swap this is what a limit kills for; page cache that the
+/// kernel drops first never brings a kill nearer. See docs/design.md,
+/// "Predicting the kill".
+pub(crate) fn unreclaimable(cgroup: &Path) -> io::Result<u64> {
+    let v2 = cgroup.join("memory.current").exists();
+    let usage = read_u64(&cgroup.join(if v2 {
+        "memory.current"
+    } else {
+        "memory.usage_in_bytes"
+    }))?;
+    let stat = fs::read_to_string(cgroup.join("memory.stat"))?;
+    Ok(unreclaimable_of(usage, &stat, v2))
+}
+
+/// [`unreclaimable`] from a usage and a `memory.stat` text.
+pub(crate) fn unreclaimable_of(usage: u64, stat: &str, v2: bool) -> u64 {
+    let keys: [&str; 5] = if v2 {
+        [
+            "active_file",
+            "inactive_file",
+            "file_dirty",
+            "file_writeback",
+            "slab_reclaimable",
+        ]
+    } else {
+        [
+            "total_active_file",
+            "total_inactive_file",
+            "total_dirty",
+            "total_writeback",
+            "",
+        ]
+    };
+    let [active, inactive, dirty, writeback, slab] = keys.map(|k| stat_value(stat, k).unwrap_or(0));
+    let clean_file = (active + inactive).saturating_sub(dirty + writeback);
+    usage.saturating_sub(clean_file + slab)
+}
+
 /// The value of `key` in a `memory.stat`-style file.
 pub(crate) fn stat_value(stat: &str, key: &str) -> Option<u64> {
     stat.lines().find_map(|line| {
@@ -68,6 +108,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(working_set(dir.path()).unwrap(), 1500);
+    }
+
+    #[test]
+    fn unreclaimable_leaves_out_clean_page_cache_v1_and_v2() {
+        // v1: 1000 used, 600 file of which 100 dirty and 50 under writeback.
+        let v1 = "cache 600\nrss 400\ntotal_active_file 200\ntotal_inactive_file 400\n\
+                  total_dirty 100\ntotal_writeback 50\n";
+        assert_eq!(unreclaimable_of(1000, v1, false), 550);
+        // v2: reclaimable slab is left out too; v1 names are not read.
+        let v2 = "anon 300\nactive_file 100\ninactive_file 500\nfile_dirty 0\n\
+                  file_writeback 0\nslab_reclaimable 50\ntotal_inactive_file 999\n";
+        assert_eq!(unreclaimable_of(1000, v2, true), 350);
+        // Page cache growing while anon stays put: the figure stays put.
+        for cache in [0u64, 100, 10_000] {
+            let stat = format!("total_inactive_file {cache}\n");
+            assert_eq!(unreclaimable_of(700 + cache, &stat, false), 700);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("memory.current"), "2000\n").unwrap();
+        fs::write(
+            dir.path().join("memory.stat"),
+            "anon 1500\ninactive_file 500\n",
+        )
+        .unwrap();
+        assert_eq!(unreclaimable(dir.path()).unwrap(), 1500);
     }
 
     #[test]

@@ -243,6 +243,7 @@ mod task_tests {
             outcome: None,
             owner: "uid:1000".into(),
             kernel_usage_bytes: None,
+            eta_seconds: None,
         };
         let text = render(&health, &[], &[task]);
         assert!(

@@ -18,7 +18,7 @@ use crate::{
     model::{
         spec::{
             DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, MemorySource, OnResidualOverCap,
-            PressureRule, Rule, Settings, WorkerSpec, basis_points,
+            PredictRule, PressureRule, Rule, Settings, WorkerSpec, basis_points,
         },
         units::{Size, Span},
     },
@@ -208,6 +208,10 @@ pub(crate) struct WorkerConfig {
     /// A fraction 0–1 of PSI `some avg10` (`memory.pressure`, cgroup v2).
     pub pressure_limit: Option<f64>,
     pub pressure_after: Option<Span>,
+    /// The kill predictor: on unless `false`.
+    pub predict: Option<bool>,
+    /// An ETA at most this far ahead is `oom_imminent`.
+    pub predict_horizon: Option<Span>,
 }
 
 /// `[[rule]]`: cgroups matching a glob become tasks of a worker.
@@ -399,6 +403,11 @@ impl Config {
         if let Some(path) = socket {
             self.socket = (!path.as_os_str().is_empty()).then_some(path);
         }
+        self.watchdog.predict.workers = worker
+            .iter()
+            .enumerate()
+            .map(|(i, w)| Ok((w.name.clone(), predict_rule(i, w)?)))
+            .collect::<Result<_, ConfigError>>()?;
         self.workers = worker
             .into_iter()
             .enumerate()
@@ -699,6 +708,28 @@ fn worker_spec(index: usize, w: WorkerConfig) -> Result<WorkerSpec, ConfigError>
         unhealthy_after,
         recover_after: w.recover_after.map_or(DEFAULT_RECOVER_AFTER, |s| s.0),
         pressure,
+    })
+}
+
+/// The worker's `predict` and `predict_horizon` (defaults: on, a minute).
+fn predict_rule(index: usize, w: &WorkerConfig) -> Result<PredictRule, ConfigError> {
+    let default = PredictRule::default();
+    let horizon = w.predict_horizon.map_or(default.horizon, |s| s.0);
+    if horizon < Duration::from_secs(1) || horizon > Duration::from_secs(3600) {
+        return Err(invalid(
+            "worker.predict_horizon",
+            format!(
+                "#{} (`{}`): must be between 1s and 1h (how far ahead a kill is \
+                 called imminent), got {}",
+                index + 1,
+                w.name,
+                humantime::format_duration(horizon)
+            ),
+        ));
+    }
+    Ok(PredictRule {
+        enabled: w.predict.unwrap_or(default.enabled),
+        horizon,
     })
 }
 

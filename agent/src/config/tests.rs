@@ -68,6 +68,8 @@ name = "dask"
 process = "dask worker"
 pressure_limit = 0.1
 pressure_after = "20s"
+predict = false
+predict_horizon = "2m"
 [[rule]]
 worker = "w1"
 cgroup = "/sys/fs/cgroup/memory/w1/job_*"
@@ -105,6 +107,19 @@ soft_cap = "512MiB"
             limit_bp: 1000,
             after: Duration::from_secs(20)
         })
+    );
+    assert_eq!(
+        c.watchdog.predict.rule("w1"),
+        PredictRule::default(),
+        "the predictor is on by default, a minute ahead"
+    );
+    assert!(c.watchdog.predict.rule("w1").enabled);
+    assert_eq!(
+        c.watchdog.predict.rule("dask"),
+        PredictRule {
+            enabled: false,
+            horizon: Duration::from_secs(120)
+        }
     );
     assert!(c.rules[0].pattern.matches("/sys/fs/cgroup/memory/w1/job_7"));
     assert_eq!(c.rules[0].soft_cap, Some(512 << 20));
@@ -164,6 +179,14 @@ fn worker_mistakes_are_named() {
         (
             "[[worker]]\nname = \"a\"\npid = 1\npressure_limit = 0.2\npressure_after = \"later\"\n",
             "`later` is not a duration",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\npredict_horizon = \"100ms\"\n",
+            "`worker.predict_horizon` #1 (`a`): must be between 1s and 1h",
+        ),
+        (
+            "[[worker]]\nname = \"a\"\npid = 1\npredict = \"yes\"\n",
+            "predict",
         ),
     ] {
         let f = file(text);

@@ -118,6 +118,7 @@ mod tests {
             outcome: None,
             owner: String::new(),
             kernel_usage_bytes: None,
+            eta_seconds: None,
         }
     }
 

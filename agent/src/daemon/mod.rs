@@ -472,6 +472,9 @@ async fn sample_forever(
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Cgroups within half of a limit, for the kill predictor.
+    let mut fast = tokio::time::interval(monitor::FAST_INTERVAL);
+    fast.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let now = monitor.sample_now();
     // Dropped (their tasks aborted) with this future.
     let _triggers = psi_triggers::spawn(triggers, now.clone());
@@ -481,6 +484,13 @@ async fn sample_forever(
             _ = ticker.tick() => {}
             // A cap crossed in the kernel, or a PSI trigger: look now.
             _ = now.notified() => {}
+            _ = fast.tick(), if monitor.any_near_a_limit() => {
+                let monitor = monitor.clone();
+                if let Err(error) = tokio::task::spawn_blocking(move || monitor.fast_tick()).await {
+                    warn!(%error, "fast sampling round failed");
+                }
+                continue;
+            }
         }
         let monitor = monitor.clone();
         if let Err(error) = tokio::task::spawn_blocking(move || monitor.tick()).await {

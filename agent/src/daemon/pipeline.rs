@@ -126,6 +126,14 @@ impl Pipeline {
                     crate::cgroup::limits::oom_limit(&path, &self.monitor.cgroup_root());
                 body.constraint = Some(constraint);
                 body.limit_cgroup = limit.map(|p| p.display().to_string());
+                // A kill in a followed cgroup, or below one, that was predicted.
+                if let Some((lead, error)) = path
+                    .ancestors()
+                    .find_map(|c| self.monitor.predicted_kill(c))
+                {
+                    body.predicted_lead_seconds = Some((lead * 10.0).round() / 10.0);
+                    body.eta_error_seconds = Some((error * 10.0).round() / 10.0);
+                }
                 body.cgroup = Some(path.display().to_string());
             }
             Some((id, None)) => {

@@ -11,6 +11,7 @@ use procfs::Current as _;
 
 use crate::{
     cgroup::{
+        limits::{self, ChainLimit},
         memory,
         pressure::{self, PressureError},
     },
@@ -39,6 +40,23 @@ pub(crate) trait MemoryReader: Send + Sync {
     fn cgroup_pressure(&self, cgroup: &Path) -> Option<Pressure>;
     /// A cgroup's memory event counters (v2 `memory.events`, v1 equivalents).
     fn memory_events(&self, cgroup: &Path) -> Option<MemoryEvents>;
+    /// For the kill predictor: the cgroup's unreclaimable memory, every
+    /// finite limit from it up to `root`, and its `memory.high` when below
+    /// its limit. `None` (the default) when unreadable: nothing predicted.
+    fn predict_figures(&self, cgroup: &Path, root: &Path) -> Option<PredictFigures> {
+        let _ = (cgroup, root);
+        None
+    }
+}
+
+/// What [`MemoryReader::predict_figures`] reads of one cgroup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PredictFigures {
+    pub unreclaimable: u64,
+    pub limits: Vec<ChainLimit>,
+    pub high: Option<u64>,
+    /// The host's memory and what is used of it (MemTotal − MemAvailable).
+    pub host: Option<(u64, u64)>,
 }
 
 /// A PSI reading, with errors other than "no PSI here" logged.
@@ -111,6 +129,21 @@ impl MemoryReader for SystemReader {
 
     fn memory_events(&self, cgroup: &Path) -> Option<MemoryEvents> {
         pressure::memory_events(cgroup)
+    }
+
+    fn predict_figures(&self, cgroup: &Path, root: &Path) -> Option<PredictFigures> {
+        let unreclaimable = memory::unreclaimable(cgroup).ok()?;
+        let (limits, high) = limits::limit_chain(cgroup, root);
+        let host = procfs::Meminfo::current().ok().map(|info| {
+            let available = info.mem_available.unwrap_or(info.mem_free);
+            (info.mem_total, info.mem_total.saturating_sub(available))
+        });
+        Some(PredictFigures {
+            unreclaimable,
+            limits,
+            high,
+            host,
+        })
     }
 }
 
@@ -394,6 +427,10 @@ pub(crate) mod fake {
         pub events: Mutex<HashMap<std::path::PathBuf, MemoryEvents>>,
         /// Every source read, in order.
         pub reads: Mutex<Vec<MemorySource>>,
+        /// The predictor's figures by cgroup, and every cgroup they were
+        /// read of, in order.
+        pub predict: Mutex<HashMap<std::path::PathBuf, PredictFigures>>,
+        pub predict_reads: Mutex<Vec<std::path::PathBuf>>,
     }
 
     impl FakeReader {
@@ -432,6 +469,14 @@ pub(crate) mod fake {
 
         fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64> {
             self.caps.lock().unwrap().get(cgroup).copied()
+        }
+
+        fn predict_figures(&self, cgroup: &Path, _root: &Path) -> Option<PredictFigures> {
+            self.predict_reads
+                .lock()
+                .unwrap()
+                .push(cgroup.to_path_buf());
+            self.predict.lock().unwrap().get(cgroup).cloned()
         }
 
         fn host_pressure(&self) -> Option<Pressure> {

@@ -31,10 +31,16 @@ pub enum EventKind {
     /// A watched worker started being throttled at `memory.high` (its
     /// `memory.events` `high` counter grew after having been still).
     MemoryHighThrottled,
+    /// A cgroup's unreclaimable memory grows toward a limit it will reach
+    /// within the worker's `predict_horizon` (`eta_seconds`).
+    OomImminent,
+    /// A predicted kill is no longer coming: the growth stopped or the ETA
+    /// left the horizon, for the hold time.
+    OomAverted,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 16] = [
         Self::AgentStarted,
         Self::TaskStarted,
         Self::TaskRejected,
@@ -49,6 +55,8 @@ impl EventKind {
         Self::ActionSkipped,
         Self::EventQuarantined,
         Self::MemoryHighThrottled,
+        Self::OomImminent,
+        Self::OomAverted,
     ];
 
     /// How much the kind matters when the outbox is full: lower is dropped
@@ -60,7 +68,8 @@ impl EventKind {
             | Self::WorkerUnhealthy
             | Self::TaskRejected
             | Self::GuardBlocked
-            | Self::ActionRefused => Priority::Critical,
+            | Self::ActionRefused
+            | Self::OomImminent => Priority::Critical,
             Self::AgentStarted
             | Self::ActionSkipped
             | Self::EventQuarantined
@@ -68,6 +77,7 @@ impl EventKind {
             | Self::TaskFinished
             | Self::SoftCapExceeded
             | Self::MemoryHighThrottled
+            | Self::OomAverted
             | Self::WorkerRecovered => Priority::Normal,
         }
     }
@@ -89,6 +99,8 @@ impl EventKind {
             Self::ActionSkipped => "action_skipped",
             Self::EventQuarantined => "event_quarantined",
             Self::MemoryHighThrottled => "memory_high_throttled",
+            Self::OomImminent => "oom_imminent",
+            Self::OomAverted => "oom_averted",
         }
     }
 }
@@ -205,6 +217,26 @@ pub struct EventBody {
     /// since the previous sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// `oom_imminent`: seconds until the limit is reached at the present rate
+    /// (`growth_bytes_per_sec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<f64>,
+    /// `oom_imminent`: 0–1, the share of the trend's pairwise slopes that
+    /// agree the memory grows (scaled down while few samples are in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f64>,
+    /// `oom_imminent`: the cgroup is above its `memory.high` and the rate
+    /// is the throttled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttled: Option<bool>,
+    /// `oom_kill` that was predicted: seconds from the first `oom_imminent`
+    /// to the kill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_lead_seconds: Option<f64>,
+    /// `oom_kill` that was predicted: the kill's time minus the time the last
+    /// `oom_imminent` said (positive: later than said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_error_seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -248,6 +280,11 @@ impl EventBody {
             qos_class: None,
             recovered: None,
             count: None,
+            eta_seconds: None,
+            confidence: None,
+            throttled: None,
+            predicted_lead_seconds: None,
+            eta_error_seconds: None,
         }
     }
 }

@@ -118,6 +118,42 @@ pub struct Settings {
     /// refused (429), so a loop of registrations cannot grow the agent
     /// without bound.
     pub max_tasks_per_worker: usize,
+    /// The kill predictor's rule, per worker (`predict`, `predict_horizon`).
+    pub predict: PredictSettings,
+}
+
+/// Whether and how far ahead the kill is predicted for a worker's cgroups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PredictRule {
+    /// `predict`: on by default.
+    pub enabled: bool,
+    /// `predict_horizon`: an ETA at most this far ahead is `oom_imminent`.
+    pub horizon: Duration,
+}
+
+impl Default for PredictRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            // A minute: time enough to checkpoint or move data, short
+            // enough that a slow drift is not called imminent.
+            horizon: Duration::from_secs(60),
+        }
+    }
+}
+
+/// [`PredictRule`]s by worker name; a worker not named (the host, a
+/// `[[rule]]`'s) has the default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PredictSettings {
+    pub workers: std::collections::BTreeMap<String, PredictRule>,
+}
+
+impl PredictSettings {
+    /// The rule for `worker`.
+    pub fn rule(&self, worker: &str) -> PredictRule {
+        self.workers.get(worker).copied().unwrap_or_default()
+    }
 }
 
 impl Default for Settings {
@@ -135,6 +171,7 @@ impl Default for Settings {
             on_residual_over_cap: OnResidualOverCap::Reject,
             finished_tasks_kept: 1000,
             max_tasks_per_worker: 4096,
+            predict: PredictSettings::default(),
         }
     }
 }

@@ -35,8 +35,13 @@ pub(crate) const TASK_REJECTIONS_TOTAL: &str = "memwatch_task_rejections_total";
 pub(crate) const SOFT_CAP_CROSSINGS_TOTAL: &str = "memwatch_soft_cap_crossings_total";
 pub(crate) const TASK_OOM_KILLS_TOTAL: &str = "memwatch_task_oom_kills_total";
 pub(crate) const GROWTH_LINES_TOTAL: &str = "memwatch_growth_lines_total";
+pub(crate) const PREDICT_LEAD_SECONDS: &str = "memwatch_predict_lead_seconds";
+pub(crate) const PREDICT_ETA_ERROR_SECONDS: &str = "memwatch_predict_eta_error_seconds";
 pub(crate) const PROGRAM_RUNS_TOTAL: &str = "memwatch_probe_program_runs_total";
 pub(crate) const PROGRAM_RUN_SECONDS_TOTAL: &str = "memwatch_probe_program_run_seconds_total";
+
+/// Seconds, for the predictor's lead time and ETA error.
+const PREDICT_BUCKETS: [f64; 10] = [0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
 
 fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
     IntGaugeVec::new(Opts::new(name, help), labels)
@@ -200,6 +205,10 @@ pub struct Metrics {
     pub task_oom_kills: IntCounterVec,
     /// Lines crossed in the kernel, by line (`above_cap`, `below_cap`, `step`).
     pub growth_lines: IntCounterVec,
+    /// Predicted kills: seconds from the first `oom_imminent` to the kill,
+    /// and how far the ETA said was from it (absolute).
+    pub predict_lead: prometheus::Histogram,
+    pub predict_eta_error: prometheus::Histogram,
     /// Runs and run time of each eBPF program (with `bpf_stats = true`).
     pub program_runs: IntCounterVec,
     pub program_run_seconds: prometheus::CounterVec,
@@ -256,6 +265,8 @@ impl Metrics {
             Box::new(self.soft_cap_crossings.clone()),
             Box::new(self.task_oom_kills.clone()),
             Box::new(self.growth_lines.clone()),
+            Box::new(self.predict_lead.clone()),
+            Box::new(self.predict_eta_error.clone()),
             Box::new(self.program_runs.clone()),
             Box::new(self.program_run_seconds.clone()),
             Box::new(self.outbox_stored.clone()),
@@ -392,6 +403,20 @@ impl Metrics {
                 GROWTH_LINES_TOTAL,
                 "Memory cgroup lines crossed, seen in the kernel.",
                 &["line"],
+            )?,
+            predict_lead: prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(
+                    PREDICT_LEAD_SECONDS,
+                    "Predicted OOM kills: seconds from the first oom_imminent to the kill.",
+                )
+                .buckets(PREDICT_BUCKETS.to_vec()),
+            )?,
+            predict_eta_error: prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(
+                    PREDICT_ETA_ERROR_SECONDS,
+                    "Predicted OOM kills: absolute seconds between the ETA said and the kill.",
+                )
+                .buckets(PREDICT_BUCKETS.to_vec()),
             )?,
             program_runs: counter(
                 PROGRAM_RUNS_TOTAL,

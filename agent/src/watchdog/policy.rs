@@ -10,6 +10,7 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
+    imminent::{Predictions, Reading},
     task::{TaskState, TaskView},
     worker::{Cause, Transition, WorkerState, WorkerView, bytes},
 };
@@ -33,6 +34,8 @@ pub(crate) struct Sample {
     pub pressure: HashMap<String, Pressure>,
     /// Workers' memory event counters, when readable.
     pub memory_events: HashMap<String, MemoryEvents>,
+    /// Cgroups' unreclaimable memory and limits, for the kill predictor.
+    pub readings: Vec<Reading>,
 }
 
 /// The answer to a task registration.
@@ -79,6 +82,8 @@ pub(crate) struct Watchdog {
     /// Tasks finished since the agent started (heartbeats send the ones
     /// finished since the previous heartbeat: this tells them how many).
     finished_total: u64,
+    /// The kill predictor's series and hysteresis, by cgroup.
+    predictions: Predictions,
 }
 
 /// A retried registration: the same answer, nothing new.
@@ -104,6 +109,7 @@ impl Watchdog {
             workers
         };
         Self {
+            predictions: Predictions::new(settings.predict.clone()),
             settings,
             workers: workers
                 .into_iter()
@@ -417,6 +423,7 @@ impl Watchdog {
                 events.push(body);
             }
         }
+        events.extend(self.predictions.observe(&sample.readings, now));
         events
     }
 
@@ -616,5 +623,6 @@ fn worker_recovered(
     body
 }
 
+mod predict;
 #[cfg(test)]
 mod tests;

@@ -47,6 +47,10 @@ pub(crate) struct TaskView {
     /// The kernel's own usage of the task's cgroup at its last reported line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_usage_bytes: Option<u64>,
+    /// Seconds left by the last `oom_imminent`, while the task's kill is
+    /// predicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<f64>,
 }
 
 /// A soft-cap crossing found by [`TaskState::observe`].
@@ -154,6 +158,7 @@ impl TaskState {
             outcome,
             owner: self.owner.clone(),
             kernel_usage_bytes: None,
+            eta_seconds: None,
         }
     }
 }

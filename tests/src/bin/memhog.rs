@@ -5,6 +5,9 @@
 //! moment it has touched N MiB (tests time the agent's reaction from it),
 //! and `pace <nanoseconds per MiB>` over the 4 MiB before it (how fast this
 //! machine, or emulator, lets it go on past the mark).
+//!
+//! With `MEMHOG_RATE_MIB_S=R` it touches R MiB a second: MiB n not before
+//! n / R seconds from its start (a steady leak).
 use std::{thread, time::Duration};
 
 /// MiB before the mark over which the pace is measured.
@@ -21,9 +24,18 @@ fn main() {
     let mark: Option<usize> = std::env::var(memwatch_test_support::memhog::MARK_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
+    let rate: Option<f64> = std::env::var(memwatch_test_support::memhog::RATE_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|r: &f64| *r > 0.0);
+    let start = std::time::Instant::now();
     let mut chunks: Vec<Vec<u8>> = Vec::new();
     let mut pace_from = None;
     for n in 0..mib {
+        if let Some(rate) = rate {
+            let due = start + Duration::from_secs_f64(n as f64 / rate);
+            thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+        }
         if mark.is_some_and(|m| m >= PACE_MIB && n == m - PACE_MIB) {
             pace_from = Some(std::time::Instant::now());
         }

@@ -4,6 +4,9 @@
 /// `MEMHOG_MARK_MIB=N`: memhog prints `mark <unix ns>` when it has touched
 /// N MiB, and `pace <ns per MiB>` over the MiB before it.
 pub const MARK_ENV: &str = "MEMHOG_MARK_MIB";
+/// `MEMHOG_RATE_MIB_S=R`: memhog touches R MiB a second (a steady leak)
+/// instead of as fast as it can.
+pub const RATE_ENV: &str = "MEMHOG_RATE_MIB_S";
 
 /// The number memhog printed on its `key` line (`mark`, `pace`).
 pub fn printed(stdout: &str, key: &str) -> Option<i64> {

@@ -60,6 +60,8 @@ pub(crate) struct Monitor {
     kernel_figures: Mutex<KernelFigures>,
     /// Sampling rounds so far.
     rounds: AtomicU64,
+    /// Cgroups within half of a limit at the last tick: sampled fast.
+    near: Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 impl Monitor {
@@ -91,6 +93,7 @@ impl Monitor {
             last_rejection: Mutex::default(),
             kernel_figures: Mutex::default(),
             rounds: AtomicU64::new(0),
+            near: Mutex::default(),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -299,6 +302,7 @@ impl Monitor {
         };
         sample.tasks = sampler::sample(self.reader.as_ref(), &[], &tasks).tasks;
         sampler::kernel_figures(self.reader.as_ref(), &workers, &mut sample);
+        sample.readings = self.all_readings();
         let host = self.reader.host_pressure();
         self.kernel_figures
             .lock()
@@ -431,9 +435,16 @@ impl Monitor {
     }
 
     pub(crate) fn tasks(&self) -> Vec<TaskView> {
-        let mut tasks = self.lock().tasks(Instant::now());
+        let watchdog = self.lock();
+        let now = Instant::now();
+        let mut tasks = watchdog.tasks(now);
         for t in &mut tasks {
             t.kernel_usage_bytes = self.kernel.usage_of(&t.task_id);
+            t.eta_seconds = t
+                .source
+                .as_ref()
+                .and_then(|s| s.cgroup())
+                .and_then(|c| watchdog.eta(c, now));
         }
         tasks
     }
@@ -555,6 +566,9 @@ impl Monitor {
         }
     }
 }
+
+mod predict;
+pub(crate) use predict::FAST_INTERVAL;
 
 #[cfg(test)]
 mod tests;

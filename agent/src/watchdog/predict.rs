@@ -1,0 +1,269 @@
+//! When will a cgroup hit its first limit: a robust trend over the part of
+//! its memory that reclaim cannot free, against every limit above it.
+//!
+//! Pure: samples (monotonic time, unreclaimable bytes) and the limits in,
+//! a [`Prediction`] out. How it judges (lower envelope, Theil–Sen, the
+//! throttled rate above `memory.high`) is argued in docs/design.md,
+//! "Predicting the kill".
+
+use std::{collections::VecDeque, path::PathBuf, time::Duration};
+
+use tokio::time::Instant;
+
+/// How far back the trend looks.
+pub(crate) const WINDOW: Duration = Duration::from_secs(30);
+/// Samples kept at most (10/s over the window, with room).
+pub(crate) const MAX_SAMPLES: usize = 400;
+/// The trend is fitted on at most this many envelope points (evenly
+/// thinned), so a fit costs at most ~5000 pairwise slopes.
+const MAX_FIT_POINTS: usize = 100;
+/// No judgement from fewer points or a shorter span than these.
+const MIN_POINTS: usize = 5;
+const MIN_SPAN: Duration = Duration::from_secs(2);
+/// A fall this large (the larger of 1 MiB and 2 % of the level) below the
+/// running peak is a drop: the series is a sawtooth, judged by troughs.
+const DROP_MIN_BYTES: u64 = 1 << 20;
+const DROP_FRACTION: f64 = 0.02;
+/// The recent half of the fit must still grow at this fraction of the
+/// whole fit's rate, judged on this low quantile of its pairwise slopes:
+/// growth that stopped (a plateau) predicts nothing.
+const RECENT_FRACTION: f64 = 0.25;
+const RECENT_QUANTILE: f64 = 0.35;
+/// Growth must reach this share of the level (and at least a drop's
+/// minimum) over the fit's span to count.
+const GROWTH_FRACTION: f64 = 0.01;
+/// Below this confidence nothing is predicted.
+pub(crate) const MIN_CONFIDENCE: f64 = 0.5;
+
+/// Whose limit it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LimitOwner {
+    /// The cgroup's own limit.
+    Own,
+    /// An ancestor's, at this path.
+    Ancestor(PathBuf),
+    /// The host's memory (a global OOM).
+    Host,
+}
+
+/// One limit the cgroup's growth counts against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Limit {
+    pub owner: LimitOwner,
+    /// The limit (`memory.max`, `limit_in_bytes`, `memsw.limit_in_bytes`,
+    /// or the host's memory).
+    pub bytes: u64,
+    /// The unreclaimable usage that counts against it now (for an ancestor,
+    /// the ancestor's own; for memsw, memory plus swap).
+    pub used: u64,
+}
+
+/// The first limit the trend reaches.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Prediction {
+    pub eta: Duration,
+    /// Growth of the unreclaimable part, bytes per second (> 0).
+    pub rate_bytes_per_second: f64,
+    pub limit: Limit,
+    /// 0..=1: how many of the fit's pairwise slopes agree it grows, scaled
+    /// down while the fit has few points.
+    pub confidence: f64,
+    /// Above `memory.high` (below the limit): the kernel throttles the
+    /// growth, and the rate is the throttled one.
+    pub throttled: bool,
+}
+
+/// One cgroup's recent unreclaimable memory.
+#[derive(Debug, Default)]
+pub(crate) struct Series {
+    /// (time, bytes), oldest first, within [`WINDOW`], at most [`MAX_SAMPLES`].
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl Series {
+    /// A sample; time must not go back (an older one is ignored).
+    pub(crate) fn push(&mut self, at: Instant, unreclaimable: u64) {
+        if self.samples.back().is_some_and(|&(last, _)| at < last) {
+            return;
+        }
+        self.samples.push_back((at, unreclaimable));
+        while self.samples.len() > MAX_SAMPLES
+            || self
+                .samples
+                .front()
+                .is_some_and(|&(t, _)| at.duration_since(t) > WINDOW)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The last sample's bytes.
+    pub(crate) fn last(&self) -> Option<u64> {
+        self.samples.back().map(|&(_, b)| b)
+    }
+
+    /// The time until the first of `limits` is reached, if the memory grows.
+    /// `high` is the cgroup's `memory.high` when it sits below its limits.
+    pub(crate) fn predict(&self, limits: &[Limit], high: Option<u64>) -> Option<Prediction> {
+        let last = self.last()?;
+        let throttled = high.is_some_and(|h| last >= h);
+        // Above memory.high the kernel slows growth: only the samples since
+        // the last crossing show the rate that will carry on.
+        let from = match high.filter(|_| throttled) {
+            Some(h) => self
+                .samples
+                .iter()
+                .rposition(|&(_, b)| b < h)
+                .map_or(0, |i| i + 1),
+            None => 0,
+        };
+        let points: Vec<(f64, f64)> = {
+            let start = self.samples.get(from)?.0;
+            self.samples
+                .range(from..)
+                .map(|&(t, b)| (t.duration_since(start).as_secs_f64(), b as f64))
+                .collect()
+        };
+        let trend = trend(&points)?;
+        let (eta, limit) = limits
+            .iter()
+            .map(|l| (l.bytes.saturating_sub(l.used) as f64 / trend.rate, l))
+            .min_by(|a, b| a.0.total_cmp(&b.0))?;
+        Some(Prediction {
+            eta: Duration::from_secs_f64(eta),
+            rate_bytes_per_second: trend.rate,
+            limit: limit.clone(),
+            confidence: trend.confidence,
+            throttled,
+        })
+    }
+}
+
+/// A growth found in a series.
+#[derive(Debug)]
+struct Trend {
+    rate: f64,
+    confidence: f64,
+}
+
+/// The growth of `points` (seconds, bytes), judged on its lower envelope;
+/// `None` when it does not grow, or not clearly.
+fn trend(points: &[(f64, f64)]) -> Option<Trend> {
+    let envelope = thin(&lower_envelope(points), MAX_FIT_POINTS);
+    let span = envelope.last()?.0 - envelope.first()?.0;
+    if envelope.len() < MIN_POINTS || span < MIN_SPAN.as_secs_f64() {
+        return None;
+    }
+    let mut all = slopes(&envelope);
+    let confidence = all.iter().filter(|&&s| s > 0.0).count() as f64 / all.len() as f64;
+    let rate = quantile(&mut all, 0.5);
+    // A step then a plateau: at most half the recent pairs span the step,
+    // so a low quantile of the recent slopes is flat.
+    let recent_rate = quantile(
+        &mut slopes(&envelope[envelope.len() / 2..]),
+        RECENT_QUANTILE,
+    );
+    let confidence = confidence * (envelope.len() as f64 / 20.0).min(1.0);
+    // Growth smaller than a drop over the whole span is noise: the
+    // troughs of a jittering flat line rise a little too.
+    let level = envelope.last()?.1;
+    let material = rate * span >= (level * GROWTH_FRACTION).max(DROP_MIN_BYTES as f64);
+    (material && recent_rate >= RECENT_FRACTION * rate && confidence >= MIN_CONFIDENCE)
+        .then_some(Trend { rate, confidence })
+}
+
+/// The troughs: each point replaced by the lowest at or after it (the
+/// largest non-decreasing curve under the series). When the series has
+/// dropped (a sawtooth), the rise since its last trough is a tooth that may
+/// fall again: it is left out unless it has lasted longer than the longest
+/// tooth seen, when it is a rise of its own.
+fn lower_envelope(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut troughs = Vec::new(); // indices where a drop bottomed out
+    let mut peak = f64::MIN;
+    let mut falling = false;
+    for (i, &(_, b)) in points.iter().enumerate() {
+        let drop = drop_size(b);
+        if b <= peak - drop {
+            falling = true;
+        }
+        let next_higher = points.get(i + 1).is_none_or(|&(_, n)| n > b);
+        if falling && next_higher {
+            troughs.push(i);
+            falling = false;
+            peak = b;
+        }
+        peak = peak.max(b);
+    }
+    let end = match troughs.last() {
+        Some(&last) => {
+            let mut longest = points[troughs[0]].0 - points[0].0;
+            for pair in troughs.windows(2) {
+                longest = longest.max(points[pair[1]].0 - points[pair[0]].0);
+            }
+            let tail = points[points.len() - 1].0 - points[last].0;
+            if tail > longest {
+                points.len()
+            } else {
+                last + 1
+            }
+        }
+        None => points.len(),
+    };
+    let mut envelope: Vec<(f64, f64)> = points[..end].to_vec();
+    let mut low = f64::MAX;
+    for p in envelope.iter_mut().rev() {
+        low = low.min(p.1);
+        p.1 = low;
+    }
+    envelope
+}
+
+/// A fall below the running peak at `level` bytes smaller than this is
+/// noise, not a drop.
+fn drop_size(level: f64) -> f64 {
+    (level * DROP_FRACTION).max(DROP_MIN_BYTES as f64)
+}
+
+/// At most `max` of `points`, evenly spaced, the last always kept.
+fn thin(points: &[(f64, f64)], max: usize) -> Vec<(f64, f64)> {
+    if points.len() <= max {
+        return points.to_vec();
+    }
+    let step = points.len() as f64 / max as f64;
+    let mut out: Vec<_> = (0..max)
+        .map(|k| points[(k as f64 * step) as usize])
+        .collect();
+    out[max - 1] = points[points.len() - 1];
+    out
+}
+
+/// The pairwise slopes of `points` (Theil–Sen's estimate is their median).
+fn slopes(points: &[(f64, f64)]) -> Vec<f64> {
+    let mut slopes = Vec::with_capacity(points.len() * points.len() / 2);
+    for (i, a) in points.iter().enumerate() {
+        for b in &points[i + 1..] {
+            let dt = b.0 - a.0;
+            if dt > 0.0 {
+                slopes.push((b.1 - a.1) / dt);
+            }
+        }
+    }
+    slopes
+}
+
+/// The `q` quantile of `values` (0 when empty).
+fn quantile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let at = ((values.len() - 1) as f64 * q) as usize;
+    *values.select_nth_unstable_by(at, f64::total_cmp).1
+}
+
+/// Within half of a limit: the cgroup is worth sampling fast.
+pub(crate) fn near_a_limit(limits: &[Limit]) -> bool {
+    limits.iter().any(|l| l.used.saturating_mul(2) >= l.bytes)
+}
+
+#[cfg(test)]
+mod tests;
