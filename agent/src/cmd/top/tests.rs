@@ -32,6 +32,7 @@ fn task(id: &str, worker: &str, memory: u64, growing: bool) -> TaskView {
         outcome: None,
         owner: "root".into(),
         kernel_usage_bytes: None,
+        eta_seconds: None,
     }
 }
 
@@ -98,6 +99,30 @@ fn the_unhealthy_and_the_growing_come_first_with_their_rate_and_trend() {
     assert_eq!(leaky.trend, "▁▂▃▄▅▆▇█", "{}", leaky.trend);
     assert_eq!(rows[3].rate, Some(0.0));
     assert_eq!(leaky.state, "growing");
+}
+
+#[test]
+fn a_predicted_kill_comes_first_soonest_first_with_its_eta() {
+    let mut top = growing();
+    let mut soon = task("soon", "w1", 400 << 20, true);
+    soon.eta_seconds = Some(4.2);
+    let mut later = task("later", "w1", 300 << 20, true);
+    later.eta_seconds = Some(30.0);
+    top.update(
+        10.0,
+        health(Health::Unhealthy, &[]),
+        status(
+            vec![worker("w2", Health::Unhealthy, 900 << 20, 512 << 20)],
+            vec![later, soon],
+        ),
+        &[],
+    );
+    let rows = top.rows();
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["soon", "later", "w2"]);
+    let lines = top.lines(80, 24);
+    let line = lines.iter().find(|l| l.contains("soon")).unwrap();
+    assert!(line.starts_with("imminent") && line.ends_with("   4s"), "{line:?}");
 }
 
 #[test]
