@@ -122,7 +122,10 @@ fn a_predicted_kill_comes_first_soonest_first_with_its_eta() {
     assert_eq!(names, ["soon", "later", "w2"]);
     let lines = top.lines(80, 24);
     let line = lines.iter().find(|l| l.contains("soon")).unwrap();
-    assert!(line.starts_with("imminent") && line.ends_with("   4s"), "{line:?}");
+    assert!(
+        line.starts_with("imminent") && line.ends_with("   4s"),
+        "{line:?}"
+    );
 }
 
 #[test]
