@@ -113,3 +113,115 @@ async fn exec_over_the_socket_needs_no_token() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// With no token configured (the shipped defaults), TCP reads and changes
+/// nothing: any local user reaches 127.0.0.1. A reset or a registration
+/// over TCP is refused with what to do instead, and nothing changes; the
+/// same calls on the socket, as root, go through.
+#[tokio::test]
+async fn with_no_token_tcp_only_reads_and_the_socket_changes() {
+    if !root_or_skip(
+        "with_no_token_tcp_only_reads_and_the_socket_changes",
+        "memwatch exec makes a memory cgroup",
+    ) {
+        return;
+    }
+    let worker = TestCgroup::create("socket-tcp-read");
+    let agent = Agent::start_with_config(&format!(
+        "source = \"poll\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n",
+        worker.path_str()
+    ))
+    .await;
+
+    let (code, answer) = agent.post_tcp("/v1/workers/w1/reset", None).await;
+    assert_eq!(code, 403, "{answer}");
+    assert_eq!(answer["scope"], "admin", "{answer}");
+    let (code, answer) = agent
+        .post_tcp("/v1/tasks", Some(serde_json::json!({ "task_id": "t-tcp" })))
+        .await;
+    assert_eq!(code, 403, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("local socket"),
+        "says what to do: {answer}"
+    );
+    let out = exec(&[
+        "--agent",
+        &agent.base_url,
+        "--task-id",
+        "t-exec-tcp",
+        "--",
+        "true",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains("403") && stderr.contains("socket"),
+        "{stderr}"
+    );
+
+    let (code, body) = agent.get("/v1/status").await;
+    assert_eq!(code, 200, "TCP still reads: {body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["tasks"], serde_json::json!([]), "{status}");
+    assert_eq!(status["finished_tasks"], serde_json::json!([]), "{status}");
+    let kinds: Vec<EventKind> = agent
+        .all_events()
+        .await
+        .iter()
+        .map(|e| e.body.kind)
+        .collect();
+    assert!(
+        !kinds.iter().any(|k| matches!(
+            k,
+            EventKind::TaskStarted | EventKind::TaskFinished | EventKind::WorkerRecovered
+        )),
+        "the refused calls made no event: {kinds:?}"
+    );
+
+    // On the socket, root is admin.
+    let (code, answer) = agent.post("/v1/workers/w1/reset", None).await;
+    assert_eq!(code, 200, "{answer}");
+    let socket = agent.socket().to_str().expect("UTF-8 path").to_string();
+    let out = exec(&[
+        "--socket",
+        &socket,
+        "--task-id",
+        "t-exec-sock",
+        "--",
+        "true",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The systemd unit makes the socket's directory (`RuntimeDirectory=`, the
+/// default socket's parent): with `ProtectSystem=strict` nothing else
+/// could, and TCP alone changes nothing without a token.
+#[test]
+fn the_systemd_unit_makes_the_default_sockets_directory() {
+    let unit = memwatch_tests::ops::read("deploy/systemd/memwatch.service");
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(str::trim)
+    };
+    assert_eq!(value("RuntimeDirectory"), Some("memwatch"));
+    assert_eq!(value("RuntimeDirectoryMode"), Some("0755"));
+    assert_eq!(value("ProtectSystem"), Some("strict"));
+    let default = std::path::Path::new(memwatch::DEFAULT_SOCKET);
+    assert_eq!(
+        default.parent(),
+        Some(std::path::Path::new("/run/memwatch"))
+    );
+    assert!(
+        !unit.contains("--socket"),
+        "the unit keeps the default socket, in its RuntimeDirectory"
+    );
+}

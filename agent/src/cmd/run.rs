@@ -70,6 +70,8 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
             config.task_token.as_deref(),
             config.read_token.as_deref(),
         ),
+        // SAFETY: geteuid(2) cannot fail and touches no memory.
+        agent_uid: unsafe { libc::geteuid() },
         socket: socket_status,
         status: daemon.status().clone(),
         liveness: daemon.liveness().clone(),

@@ -35,7 +35,7 @@ pub(crate) const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 /// Default API address: loopback only, so nothing is exposed by accident.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
 /// Default local API socket: callers known by their uid, no token needed.
-pub(crate) const DEFAULT_SOCKET: &str = "/run/memwatch/api.sock";
+pub const DEFAULT_SOCKET: &str = "/run/memwatch/api.sock";
 
 /// The agent's settings after every source is merged.
 #[derive(Clone, Debug, PartialEq)]

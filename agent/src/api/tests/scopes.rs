@@ -1,6 +1,6 @@
 //! Scopes and task ownership, against the router in memory: each caller
-//! (a token of a scope, a socket peer's uid, anonymous) gets what its
-//! scope allows, and ends only its own tasks unless it is admin.
+//! (a token of a scope, a socket peer's uid, anonymous over TCP) gets what
+//! its scope allows, and ends only its own tasks unless it is admin.
 
 use super::*;
 use crate::api::auth::{Peer, Tokens};
@@ -20,12 +20,17 @@ fn open() -> AppState {
     state_with(reader(50 * MIB), None)
 }
 
-/// Who calls: a bearer token, a socket peer, or nobody.
+/// Who calls: a bearer token over TCP, a socket peer, or nobody (TCP, no
+/// token).
 #[derive(Clone, Copy)]
 enum Who {
     Token(&'static str),
     Uid(u32),
     Nobody,
+}
+
+fn tcp() -> Peer {
+    Peer::Tcp(([127, 0, 0, 1], 40000).into())
 }
 
 async fn call(
@@ -36,14 +41,18 @@ async fn call(
 ) -> (StatusCode, serde_json::Value) {
     let mut req = Request::builder().method(method).uri(uri);
     match who {
-        Who::Token(token) => req = req.header("authorization", format!("Bearer {token}")),
+        Who::Token(token) => {
+            req = req
+                .header("authorization", format!("Bearer {token}"))
+                .extension(tcp())
+        }
         Who::Uid(uid) => {
             req = req.extension(Peer::Unix {
                 uid,
                 pid: Some(4242),
             })
         }
-        Who::Nobody => {}
+        Who::Nobody => req = req.extension(tcp()),
     }
     respond(state, req.body(Body::empty()).unwrap()).await
 }
@@ -51,9 +60,13 @@ async fn call(
 async fn register(state: &AppState, who: Who, task_id: &str) -> (StatusCode, serde_json::Value) {
     let mut req = Request::post("/v1/tasks").header("content-type", JSON);
     match who {
-        Who::Token(token) => req = req.header("authorization", format!("Bearer {token}")),
+        Who::Token(token) => {
+            req = req
+                .header("authorization", format!("Bearer {token}"))
+                .extension(tcp())
+        }
         Who::Uid(uid) => req = req.extension(Peer::Unix { uid, pid: None }),
-        Who::Nobody => {}
+        Who::Nobody => req = req.extension(tcp()),
     }
     let body = format!(r#"{{"task_id":"{task_id}"}}"#);
     respond(state, req.body(Body::from(body)).unwrap()).await
@@ -254,60 +267,78 @@ async fn with_tokens_the_probes_and_metrics_stay_open_and_the_rest_needs_one() {
     assert!(state.monitor.tasks().is_empty());
 }
 
+/// With no token configured, a TCP caller (any local user can reach
+/// 127.0.0.1) reads and changes nothing; the socket's callers change what
+/// their uid may.
 #[tokio::test]
-async fn with_no_token_everything_is_open_on_loopback_but_tasks_keep_their_owner() {
+async fn with_no_token_tcp_only_reads_and_changes_go_through_the_socket() {
     let state = open();
-    let (code, json) = register(&state, Who::Nobody, "anon").await;
-    assert_eq!(code, StatusCode::CREATED, "{json}");
+    for uri in ["/v1/status", "/v1/events"] {
+        assert_eq!(
+            call(&state, Who::Nobody, "GET", uri).await.0,
+            StatusCode::OK
+        );
+    }
+    let refused = register(&state, Who::Nobody, "anon").await;
+    assert_forbidden(&refused, "task");
+    let error = refused.1["error"].as_str().unwrap();
+    assert!(
+        error.contains("anonymous has `read`") && error.contains("local socket"),
+        "says who it is and what to do: {error}"
+    );
+    // A token sent to an agent without tokens changes nothing either.
+    assert_forbidden(
+        &register(&state, Who::Token("anything"), "t9").await,
+        "task",
+    );
     assert_eq!(
         register(&state, Who::Uid(1000), "users").await.0,
         StatusCode::CREATED
     );
+    assert_forbidden(
+        &call(&state, Who::Nobody, "POST", "/v1/workers/w1/reset").await,
+        "admin",
+    );
+    assert_forbidden(
+        &call(&state, Who::Nobody, "DELETE", "/v1/tasks/users").await,
+        "task",
+    );
     assert_eq!(
         owners(&state, Who::Nobody).await,
-        [
-            ("anon".to_string(), "anonymous".to_string()),
-            ("users".into(), "uid:1000".into()),
-        ]
+        [("users".to_string(), "uid:1000".to_string())],
+        "the refused calls registered and ended nothing"
     );
-    assert_eq!(
-        call(&state, Who::Nobody, "GET", "/v1/events").await.0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&state, Who::Nobody, "POST", "/v1/workers/w1/reset")
-            .await
-            .0,
-        StatusCode::OK,
-        "reset stays open without tokens, as before"
-    );
-    // Ownership holds even here: neither ends the other's task.
-    assert_eq!(
-        call(&state, Who::Nobody, "DELETE", "/v1/tasks/users")
-            .await
-            .0,
-        StatusCode::FORBIDDEN
-    );
-    assert_eq!(
-        call(&state, Who::Uid(1000), "DELETE", "/v1/tasks/anon")
-            .await
-            .0,
-        StatusCode::FORBIDDEN
-    );
+    let kinds: Vec<EventKind> = state
+        .outbox
+        .read(0, 100)
+        .iter()
+        .map(|e| e.body.kind)
+        .collect();
+    assert_eq!(kinds, [EventKind::TaskStarted], "only the socket's task");
+
+    // On the socket: a user ends its own task but resets nothing; root
+    // and the agent's own uid are admin.
     assert_eq!(
         call(&state, Who::Uid(1001), "DELETE", "/v1/tasks/users")
             .await
             .0,
         StatusCode::FORBIDDEN
     );
-    for (who, id) in [(Who::Nobody, "anon"), (Who::Uid(1000), "users")] {
-        let (code, json) = call(&state, who, "DELETE", &format!("/v1/tasks/{id}")).await;
-        assert_eq!(code, StatusCode::OK, "{id}: {json}");
+    assert_forbidden(
+        &call(&state, Who::Uid(1000), "POST", "/v1/workers/w1/reset").await,
+        "admin",
+    );
+    for admin in [Who::Uid(0), Who::Uid(AGENT_UID)] {
+        assert_eq!(
+            call(&state, admin, "POST", "/v1/workers/w1/reset").await.0,
+            StatusCode::OK
+        );
     }
-    // A token sent to an agent without tokens is ignored, as before.
+    let (code, json) = call(&state, Who::Uid(AGENT_UID), "DELETE", "/v1/tasks/users").await;
     assert_eq!(
-        register(&state, Who::Token("anything"), "t9").await.0,
-        StatusCode::CREATED
+        code,
+        StatusCode::OK,
+        "the agent's uid ends anyone's: {json}"
     );
 }
 
