@@ -509,6 +509,7 @@ async fn exec_keeps_the_token_from_its_command() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret-token\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let agent = Agent::start_with_config(&format!(
         "api_token_file = \"{}\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n",
         token.display(),

@@ -11,6 +11,13 @@ use memwatch_tests::{agent::Agent, cgroup::TestCgroup, process::root_or_skip, wo
 
 const ADMIN_TOKEN: &str = "s3cret-admin-token";
 
+/// A token file as the agent wants it: mode 0600.
+fn private_file(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 /// `memwatch exec` with none of the client's settings from the test's
 /// environment: no token, no agent URL, no socket but the one given.
 fn exec(args: &[&str]) -> std::process::Output {
@@ -35,7 +42,7 @@ async fn exec_over_the_socket_needs_no_token() {
     let worker = TestCgroup::create("socket-exec");
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
-    std::fs::write(&token, format!("{ADMIN_TOKEN}\n")).unwrap();
+    private_file(&token, &format!("{ADMIN_TOKEN}\n"));
     let mut agent = Agent::start_with_config(&format!(
         "source = \"poll\"\napi_token_file = \"{}\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n",
         token.display(),
@@ -224,4 +231,30 @@ fn the_systemd_unit_makes_the_default_sockets_directory() {
         !unit.contains("--socket"),
         "the unit keeps the default socket, in its RuntimeDirectory"
     );
+}
+
+/// A token file other users may read is refused at start: exit 2, naming
+/// the flag's key, the file and its mode; the agent never serves.
+#[test]
+fn a_token_file_others_may_read_stops_the_agent_at_start() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    private_file(&token, "s3cret\n");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new("timeout")
+        .arg("30")
+        .arg(workspace_bin("memwatch"))
+        .args(["run", "--listen", "127.0.0.1:0", "--source", "poll"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--api-token-file")
+        .arg(&token)
+        .output()
+        .expect("timeout (coreutils)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`api_token_file`"), "{stderr}");
+    assert!(stderr.contains(&token.display().to_string()), "{stderr}");
+    assert!(stderr.contains("mode 0644"), "{stderr}");
 }

@@ -3,6 +3,7 @@
 //! with the offending key named.
 
 mod kubernetes;
+mod token_file;
 
 use std::{
     fs,
@@ -14,6 +15,7 @@ use std::{
 use serde::Deserialize;
 
 pub(crate) use self::kubernetes::Kubernetes;
+use self::token_file::token_file;
 use crate::{
     model::{
         spec::{
@@ -593,18 +595,6 @@ impl From<InvalidKey> for ConfigError {
             problem: e.problem,
         }
     }
-}
-
-/// The token in `path` (surrounding whitespace trimmed): the file named by
-/// `key`; an error naming `key` when it cannot be read or is empty.
-fn token_file(key: &str, path: &Path) -> Result<String, ConfigError> {
-    let text = fs::read_to_string(path)
-        .map_err(|e| invalid(key, format!("cannot be read ({}): {e}", path.display())))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(invalid(key, format!("{} is empty", path.display())));
-    }
-    Ok(token.to_string())
 }
 
 /// `api_token` or the first line of `api_token_file`; not both.
