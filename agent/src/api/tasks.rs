@@ -201,6 +201,7 @@ fn watchdog_error(error: WatchdogError) -> ApiError {
         }
         WatchdogError::TooManyTasks { .. } => StatusCode::TOO_MANY_REQUESTS,
         WatchdogError::NotOwner { .. } => StatusCode::FORBIDDEN,
+        WatchdogError::TaskTaken { .. } => StatusCode::CONFLICT,
     };
     ApiError::new(status, error.to_string())
 }

@@ -393,3 +393,68 @@ async fn socket_callers_need_no_token_root_is_admin_others_have_task() {
     let answer = respond(&state, req.body(Body::empty()).unwrap()).await;
     assert_forbidden(&answer, "admin");
 }
+
+/// A task id belongs to the principal that registered it first: another
+/// caller (even an admin) gets 409 and changes nothing, neither the task,
+/// nor its kept row, nor the events; the owner's retry answers the same.
+#[tokio::test]
+async fn a_running_task_id_belongs_to_its_first_caller() {
+    let state = scoped();
+    let cap_of = |state: &AppState| {
+        state
+            .outbox
+            .saved_tasks()
+            .into_iter()
+            .map(|t| (t.task_id, t.owner, t.soft_cap))
+            .collect::<Vec<_>>()
+    };
+    let post = |who: Who, cap: u64| {
+        let req = Request::post("/v1/tasks").header("content-type", JSON);
+        let req = match who {
+            Who::Uid(uid) => req.extension(Peer::Unix { uid, pid: None }),
+            Who::Token(token) => req.header("authorization", format!("Bearer {token}")),
+            Who::Nobody => req,
+        };
+        req.body(Body::from(format!(
+            r#"{{"task_id":"job-7","soft_cap_bytes":{cap}}}"#
+        )))
+        .unwrap()
+    };
+    let (code, first) = respond(&state, post(Who::Uid(1000), 100 * MIB)).await;
+    assert_eq!(code, StatusCode::CREATED, "{first}");
+    let kept = cap_of(&state);
+    assert_eq!(
+        kept,
+        [("job-7".to_string(), "uid:1000".to_string(), Some(100 * MIB))]
+    );
+
+    for thief in [Who::Uid(1001), Who::Token(TASK), Who::Token(ADMIN)] {
+        let (code, json) = respond(&state, post(thief, 5 * MIB)).await;
+        assert_eq!(code, StatusCode::CONFLICT, "{json}");
+        let error = json["error"].as_str().unwrap();
+        assert!(
+            error.contains("job-7") && error.contains("registered by `uid:1000`"),
+            "{error}"
+        );
+    }
+    assert_eq!(cap_of(&state), kept, "the kept row is the first caller's");
+    assert_eq!(
+        owners(&state, Who::Uid(0)).await,
+        [("job-7".to_string(), "uid:1000".to_string())]
+    );
+    let (_, status) = call(&state, Who::Uid(0), "GET", "/v1/status").await;
+    assert_eq!(status["tasks"][0]["soft_cap_bytes"], 100 * MIB, "{status}");
+
+    // The owner's retry: the same answer, no new event, the row as it was.
+    let (code, again) = respond(&state, post(Who::Uid(1000), 100 * MIB)).await;
+    assert_eq!(code, StatusCode::CREATED);
+    assert_eq!(again, first);
+    assert_eq!(cap_of(&state), kept);
+    let started = state
+        .outbox
+        .read(0, 100)
+        .iter()
+        .filter(|e| e.body.kind == EventKind::TaskStarted)
+        .count();
+    assert_eq!(started, 1, "one task_started, the first caller's");
+}
