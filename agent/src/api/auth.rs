@@ -101,14 +101,17 @@ pub(crate) struct Caller {
     pub scope: Scope,
     /// May end tasks other principals registered (admins only).
     pub any_owner: bool,
+    /// The uid the kernel gave for a caller on the socket (no token).
+    pub uid: Option<u32>,
 }
 
 impl Caller {
-    fn admin(principal: String) -> Self {
+    fn admin(principal: String, uid: u32) -> Self {
         Self {
             principal,
             scope: Scope::Admin,
             any_owner: true,
+            uid: Some(uid),
         }
     }
 }
@@ -173,16 +176,18 @@ fn identify(tokens: &Tokens, agent_uid: u32, request: &Request) -> Option<Caller
             principal: format!("token:{}", scope.as_str()),
             scope,
             any_owner: scope == Scope::Admin,
+            uid: None,
         });
     }
     match request.extensions().get::<Peer>() {
         Some(Peer::Unix { uid, .. }) if *uid == 0 || *uid == agent_uid => {
-            Some(Caller::admin(format!("uid:{uid}")))
+            Some(Caller::admin(format!("uid:{uid}"), *uid))
         }
         Some(Peer::Unix { uid, .. }) => Some(Caller {
             principal: format!("uid:{uid}"),
             scope: Scope::Task,
             any_owner: false,
+            uid: Some(*uid),
         }),
         Some(Peer::Tcp(_)) | None if tokens.any() => None,
         // No token configured: TCP reads, and changes nothing. Every
@@ -192,6 +197,7 @@ fn identify(tokens: &Tokens, agent_uid: u32, request: &Request) -> Option<Caller
             principal: ANONYMOUS.into(),
             scope: Scope::Read,
             any_owner: false,
+            uid: None,
         }),
     }
 }

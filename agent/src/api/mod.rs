@@ -4,6 +4,7 @@ pub(crate) mod auth;
 mod events;
 pub(crate) mod health;
 mod metrics;
+pub(crate) mod owned;
 pub(crate) mod serve;
 pub(crate) mod socket;
 mod status;
@@ -48,6 +49,9 @@ pub(crate) struct AppState {
     pub tokens: Tokens,
     /// The uid the agent runs as: admin on the local socket, as root is.
     pub agent_uid: u32,
+    /// Who owns a process or a cgroup: what a user on the socket may
+    /// register (owned.rs).
+    pub owners: Arc<dyn owned::Owners>,
     /// Whether the local socket is served (shown on `/v1/status`).
     pub socket: Option<SocketStatus>,
     /// The full state for `/v1/status`.

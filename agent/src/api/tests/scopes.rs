@@ -458,3 +458,43 @@ async fn a_running_task_id_belongs_to_its_first_caller() {
         .count();
     assert_eq!(started, 1, "one task_started, the first caller's");
 }
+
+/// A user on the socket registers only a process it owns (never pid 1);
+/// root keeps today's rights. A refusal is 403 with the reason, and
+/// registers nothing.
+#[tokio::test]
+async fn a_user_registers_only_its_own_processes() {
+    let mut state = scoped();
+    state.owners = Arc::new(crate::api::owned::tests::FakeOwners {
+        processes: [(1, 0), (100, 1000), (200, 1001)].into(),
+        ..Default::default()
+    });
+    let post = |uid: u32, task: &str, pid: u32| {
+        Request::post("/v1/tasks")
+            .header("content-type", JSON)
+            .extension(Peer::Unix { uid, pid: None })
+            .body(Body::from(format!(r#"{{"task_id":"{task}","pid":{pid}}}"#)))
+            .unwrap()
+    };
+    for (pid, needle) in [
+        (1, "pid 1"),
+        (200, "uid 1001's"),
+        (999, "cannot be looked at"),
+    ] {
+        let (code, json) = respond(&state, post(1000, "t", pid)).await;
+        assert_eq!(code, StatusCode::FORBIDDEN, "{json}");
+        let error = json["error"].as_str().unwrap();
+        assert!(error.contains(needle), "pid {pid}: {error}");
+    }
+    assert!(state.monitor.tasks().is_empty(), "nothing registered");
+    assert!(state.outbox.read(0, 10).is_empty(), "no event");
+    assert_eq!(
+        respond(&state, post(1000, "mine", 100)).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        respond(&state, post(0, "roots", 200)).await.0,
+        StatusCode::CREATED,
+        "root registers any process"
+    );
+}
