@@ -1379,3 +1379,16 @@ fn token_volumes_give_the_files_the_mode_the_agent_accepts() {
         assert_eq!(modes, [mode.as_str()], "{file}");
     }
 }
+
+/// No bpffs in either shipped DaemonSet: the agent pins nothing, and with
+/// CAP_BPF a mounted bpffs would open other components' pinned maps to it.
+#[test]
+fn daemonsets_mount_no_bpffs() {
+    for file in [
+        "deploy/kubernetes/daemonset.yaml",
+        "deploy/helm/memwatch/templates/daemonset.yaml",
+    ] {
+        let text = fs::read_to_string(repo().join(file)).unwrap();
+        assert!(!text.contains("/sys/fs/bpf"), "{file} mounts bpffs");
+    }
+}
