@@ -299,16 +299,17 @@ impl Top {
         let (Some(health), Some(status)) = (&self.health, &self.status) else {
             return vec!["memwatch top: waiting for the agent...".into()];
         };
+        // What a key changed comes first: a long host name may cut the rest.
         out.push(format!(
-            "memwatch top - {} - {} ({}) - sort {} - {}{}",
-            status.host,
+            "memwatch top - {}{} - sort {} - {} - {} ({})",
+            if self.paused { "PAUSED - " } else { "" },
             format!("{:?}", health.status).to_uppercase(),
-            health.source.map_or("?", |s| s.as_str()),
             self.sort.label(),
             self.filter
                 .as_deref()
                 .map_or("all workers".to_string(), |w| format!("worker {w}")),
-            if self.paused { " - PAUSED" } else { "" },
+            status.host,
+            health.source.map_or("?", |s| s.as_str()),
         ));
         for reason in health.reasons.iter().take(3) {
             out.push(format!("  ! {reason}"));

@@ -153,7 +153,7 @@ fn keys_sort_filter_pause_and_quit() {
         &[],
     );
     assert_eq!(top.rows(), before, "paused: nothing taken");
-    assert!(top.lines(80, 24)[0].contains("PAUSED"));
+    assert!(top.lines(80, 24)[0].starts_with("memwatch top - PAUSED - "));
     assert!(!top.key('q'));
 }
 
@@ -175,10 +175,9 @@ fn the_screen_fits_80_by_24_and_says_the_verdict() {
     let lines = top.lines(80, 24);
     assert!(lines.len() <= 24, "{}", lines.len());
     assert!(lines.iter().all(|l| l.chars().count() <= 80), "{lines:#?}");
-    assert!(
-        lines[0].starts_with("memwatch top - h1 - UNHEALTHY (ebpf)"),
-        "{}",
-        lines[0]
+    assert_eq!(
+        lines[0],
+        "memwatch top - UNHEALTHY - sort attention - all workers - h1 (ebpf)"
     );
     assert!(
         lines[1].contains("worker w2: residual memory"),
