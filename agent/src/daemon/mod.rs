@@ -50,8 +50,8 @@ use crate::{
     probe::{counters::CounterPublisher, ebpf::ProbeError, privilege},
     record::Recorder,
     sinks::{
-        self, ActionGate, SinkConfig, SinkContext, WorkerHealth, dask::names::SchedulerNames,
-        slurm::JobProofs,
+        self, ActionGate, SinkConfig, SinkContext, WorkerEta, WorkerHealth,
+        dask::names::SchedulerNames, slurm::JobProofs,
     },
     telemetry::{
         Metrics,
@@ -171,6 +171,7 @@ impl Daemon {
             workers,
             names: names.clone(),
             health: worker_health(&monitor),
+            eta: worker_eta(&monitor),
             gate,
             liveness: liveness.clone(),
             job_proofs: job_proofs.clone(),
@@ -449,6 +450,12 @@ fn worker_health(monitor: &Arc<Monitor>) -> WorkerHealth {
             .find(|w| w.name == name)
             .map(|w| w.status)
     })
+}
+
+/// Each worker's predicted kill now, for the sinks that act on one.
+fn worker_eta(monitor: &Arc<Monitor>) -> WorkerEta {
+    let monitor = Arc::clone(monitor);
+    Arc::new(move |name| monitor.worker_eta(name))
 }
 
 /// Every worker: with no `[[worker]]`, the whole host is the one worker.

@@ -110,6 +110,15 @@ pub(crate) trait Scheduler {
     /// Why acting on `worker` being unhealthy would act on the past
     /// (`sinks::stale`); `None`: it is unhealthy now.
     fn stale(&self, worker: &str) -> Option<String>;
+    /// For an action wanted because `worker`'s kill is predicted (not
+    /// because it is unhealthy): why acting would act on the past (no kill
+    /// is predicted now); by default the sink does not act on predictions.
+    fn stale_prediction(&self, worker: &str) -> Option<String> {
+        Some(format!(
+            "{} does not act on predicted kills (worker {worker})",
+            self.sink()
+        ))
+    }
     /// The scheduler's present view: what acting for `worker` would take.
     async fn read(&mut self, worker: &str) -> Result<Read, Self::Error>;
     /// The view again right before acting, where `read` took a while
@@ -154,6 +163,10 @@ pub(crate) struct Actions {
     done: BTreeSet<String>,
     /// Whose refusal (gate, guard, scheduler) was said in this episode.
     said: BTreeSet<String>,
+    /// Pending or done because their kill is predicted (`oom_imminent`),
+    /// not because they are unhealthy; followed only when `predictions`.
+    predicted: BTreeSet<String>,
+    predictions: bool,
 }
 
 impl Actions {
@@ -166,7 +179,16 @@ impl Actions {
             pending: BTreeMap::new(),
             done: BTreeSet::new(),
             said: BTreeSet::new(),
+            predicted: BTreeSet::new(),
+            predictions: false,
         }
+    }
+
+    /// Also act when a worker's kill is predicted (`oom_imminent`), until
+    /// `oom_averted` or the kill.
+    pub(crate) fn with_predictions(mut self, on: bool) -> Self {
+        self.predictions = on;
+        self
     }
 
     pub(crate) fn with_jitter(mut self, jitter: Duration) -> Self {
@@ -198,6 +220,7 @@ impl Actions {
         self.pending.remove(worker);
         self.done.remove(worker);
         self.said.remove(worker);
+        self.predicted.remove(worker);
     }
 
     /// Reads what an event says of the workers' health: `worker_unhealthy`
@@ -213,11 +236,26 @@ impl Actions {
                 self.want(w, event.body.reason.as_deref());
             }
             (EventKind::WorkerRecovered, Some(w)) => self.forget(w),
+            (EventKind::OomImminent, Some(w)) if self.predictions => {
+                if !self.pending.contains_key(w) && !self.done.contains(w) {
+                    self.predicted.insert(w.to_string());
+                }
+                let why = event
+                    .body
+                    .eta_seconds
+                    .map(|eta| format!("its OOM kill is predicted in {eta:.0} s"));
+                self.want(w, why.as_deref());
+            }
+            // The prediction's episode ends with it (or with the kill).
+            (EventKind::OomAverted | EventKind::OomKill, Some(w)) if self.predicted.contains(w) => {
+                self.forget(w);
+            }
             (EventKind::Heartbeat, _) => {
                 for (name, status) in heartbeat_statuses(event) {
                     if status == "unhealthy" {
+                        self.predicted.remove(name);
                         self.want(name, None);
-                    } else {
+                    } else if !self.predicted.contains(name) {
                         self.forget(name);
                     }
                 }
@@ -249,7 +287,7 @@ impl Actions {
             .collect();
         let mut jittered = false;
         for (worker, why) in pending {
-            if let Some(why) = scheduler.stale(&worker) {
+            if let Some(why) = self.stale(scheduler, &worker) {
                 self.skip(scheduler, &worker, None, why);
                 continue;
             }
@@ -261,7 +299,7 @@ impl Actions {
                     &worker,
                     None,
                     format!(
-                        "{} not {} yet: {why}; {} after that if the worker is still unhealthy",
+                        "{} not {} yet: {why}; {} after that if it is still due",
                         scheduler.subject(&worker),
                         words.done,
                         words.done
@@ -278,6 +316,16 @@ impl Actions {
         Ok(())
     }
 
+    /// Why acting for `worker` would act on the past, by what it was
+    /// wanted for: its health, or its predicted kill.
+    fn stale<S: Scheduler>(&self, scheduler: &S, worker: &str) -> Option<String> {
+        if self.predicted.contains(worker) {
+            scheduler.stale_prediction(worker)
+        } else {
+            scheduler.stale(worker)
+        }
+    }
+
     /// Steps 3 to 8 for one worker.
     async fn one<S: Scheduler>(
         &mut self,
@@ -288,7 +336,7 @@ impl Actions {
         let Some(plan) = self.read_and_guard(scheduler, worker).await? else {
             return Ok(());
         };
-        if let Some(stale) = scheduler.stale(worker) {
+        if let Some(stale) = self.stale(scheduler, worker) {
             self.skip(scheduler, worker, Some(plan.scheduler_worker()), stale);
             return Ok(());
         }
@@ -307,7 +355,7 @@ impl Actions {
                 return Ok(());
             }
         }
-        if let Some(stale) = scheduler.stale(worker) {
+        if let Some(stale) = self.stale(scheduler, worker) {
             // The action waited on the scheduler longer than the episode
             // lasted: undone where it can be.
             let undone = scheduler.undo(worker, &plan).await?;
@@ -351,7 +399,7 @@ impl Actions {
             if let Err(blocked) = self.guard.check(&plan.capacity, plan.taking, plan.running) {
                 let words = scheduler.words();
                 let reason = format!(
-                    "not {} {}: {blocked}; retried while the worker stays unhealthy",
+                    "not {} {}: {blocked}; retried while it is still due",
                     words.doing, plan.subject
                 );
                 let subject = plan.scheduler_worker().to_string();
@@ -417,7 +465,7 @@ impl Actions {
             Some(plan.scheduler_worker()),
             format!(
                 "{} {}: {} in the same moment as {keeper} on another host, which crossed the cluster \
-                 guard's floor; {keeper} keeps its {} (the lowest name); retried while the worker stays unhealthy",
+                 guard's floor; {keeper} keeps its {} (the lowest name); retried while it is still due",
                 plan.subject, words.undone, words.done, words.noun
             ),
         );
@@ -435,6 +483,7 @@ impl Actions {
         info!(sink = %scheduler.sink(), %worker, %why, "{} skipped", scheduler.words().noun);
         self.pending.remove(worker);
         self.said.remove(worker);
+        self.predicted.remove(worker);
         scheduler.count("skipped");
         scheduler.report(EventKind::ActionSkipped, worker, scheduler_worker, why);
     }

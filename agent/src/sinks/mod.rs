@@ -45,6 +45,21 @@ use crate::{
 /// or one the present contradicts, does nothing.
 pub(crate) type WorkerHealth = Arc<dyn Fn(&str) -> Option<Health> + Send + Sync>;
 
+/// The seconds to a worker's predicted OOM kill now (its soonest task's, or
+/// its own cgroup's), by name; `None`: no kill predicted.
+pub(crate) type WorkerEta = Arc<dyn Fn(&str) -> Option<f64> + Send + Sync>;
+
+/// Why acting on `worker`'s predicted kill would act on the past: no kill
+/// is predicted for it now.
+pub(crate) fn stale_prediction(eta: &WorkerEta, worker: &str) -> Option<String> {
+    match eta(worker) {
+        Some(_) => None,
+        None => Some(format!(
+            "no OOM kill is predicted for worker {worker} now: the event is stale, nothing done"
+        )),
+    }
+}
+
 /// Why acting on `worker` being unhealthy would act on the past: it is not
 /// unhealthy now.
 pub(crate) fn stale(health: &WorkerHealth, worker: &str) -> Option<String> {
@@ -143,6 +158,8 @@ pub struct SinkContext {
     pub names: SchedulerNames,
     /// Each worker's health now.
     pub(crate) health: WorkerHealth,
+    /// Each worker's predicted kill now.
+    pub(crate) eta: WorkerEta,
     /// Whether scheduler actions are held back (after a state loss).
     pub(crate) gate: ActionGate,
     /// Where the sinks' loops say they make progress.

@@ -453,6 +453,23 @@ impl Monitor {
         tasks
     }
 
+    /// The seconds to `worker`'s soonest predicted OOM kill: of its own
+    /// cgroup or of one of its tasks'; `None` when none is predicted.
+    pub(crate) fn worker_eta(&self, worker: &str) -> Option<f64> {
+        let own = self
+            .workers()
+            .into_iter()
+            .find(|w| w.name == worker)
+            .and_then(|w| w.cgroup)
+            .and_then(|c| self.lock().eta(Path::new(&c), Instant::now()));
+        self.tasks()
+            .into_iter()
+            .filter(|t| t.worker == worker)
+            .filter_map(|t| t.eta_seconds)
+            .chain(own)
+            .min_by(f64::total_cmp)
+    }
+
     /// The recently finished tasks (newest last) and how many tasks
     /// finished since the agent started, read together.
     pub(crate) fn finished(&self) -> (Vec<TaskView>, u64) {

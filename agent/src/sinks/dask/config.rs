@@ -25,6 +25,10 @@ pub struct DaskConfig {
     pub guard: Guard,
     /// Period of the worker map refresh (it names Dask addresses in `oom_kill` events).
     pub refresh_interval: Duration,
+    /// Retire a worker's Dask workers when its OOM kill is predicted
+    /// (`oom_imminent`), so their data move while they still can; on by
+    /// default.
+    pub retire_imminent: bool,
     pub delivery: Delivery,
 }
 
@@ -39,6 +43,7 @@ struct DaskFile {
     #[serde(alias = "min_fraction")]
     min_remaining_fraction: Option<f64>,
     refresh_interval: Option<String>,
+    retire_imminent: Option<bool>,
 }
 
 impl DaskConfig {
@@ -62,6 +67,7 @@ impl DaskConfig {
             url: table.url("url", &file.url)?,
             guard,
             refresh_interval,
+            retire_imminent: file.retire_imminent.unwrap_or(true),
             delivery,
         })
     }

@@ -11,6 +11,10 @@
 //!   `guard_blocked` event says why. The retirement is tried again on every
 //!   later batch (any event, heartbeats included) until the guard allows it
 //!   or the worker recovers.
+//! - `oom_imminent` (with `retire_imminent`, the default): the same
+//!   retirement for a worker whose OOM kill is predicted, while the kill
+//!   is still predicted (re-checked right before acting), so the data move
+//!   off before they are lost; `oom_averted` or the kill ends it.
 //! - `worker_recovered` forgets the worker. A worker is retired once per
 //!   unhealthy episode: its replacement, started by the operator's
 //!   supervisor while memwatch still counts down `recover_after`, is left alone.
@@ -38,12 +42,12 @@ use crate::{
     },
     record::Recorder,
     sinks::{
-        SinkContext, Start, WorkerHealth,
+        SinkContext, Start, WorkerEta, WorkerHealth,
         action::{Acted, Actions, Plan, Read, Scheduler, Words},
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
         guard::Capacity,
-        report, stale,
+        report, stale, stale_prediction,
         webhook::classify,
     },
 };
@@ -65,6 +69,7 @@ impl Start for DaskConfig {
         .with_context(|| format!("Dask sink {}", self.name))?;
         let mut sink = sink;
         sink.actions.set_gate(ctx.gate.clone());
+        sink.eta = ctx.eta.clone();
         Ok(vec![
             ctx.spawn_delivery(sink),
             tokio::spawn(refresh_names(
@@ -84,6 +89,8 @@ pub(crate) struct DaskSink {
     recorder: Recorder,
     names: SchedulerNames,
     health: WorkerHealth,
+    /// Each worker's predicted kill now (`retire_imminent`).
+    eta: WorkerEta,
     /// Retirements: what is pending, done and said, run by the action
     /// protocol (sinks/action.rs).
     actions: Actions,
@@ -108,7 +115,10 @@ impl DaskSink {
             recorder,
             names,
             health,
-            actions: Actions::new(config.guard, Duration::ZERO).with_jitter(RETIRE_JITTER),
+            actions: Actions::new(config.guard, Duration::ZERO)
+                .with_jitter(RETIRE_JITTER)
+                .with_predictions(config.retire_imminent),
+            eta: Arc::new(|_| None),
             view: None,
             retire_wait: RETIRE_ANSWER_WAIT,
             config,
@@ -235,6 +245,10 @@ impl Scheduler for DaskSink {
 
     fn stale(&self, worker: &str) -> Option<String> {
         stale(&self.health, worker)
+    }
+
+    fn stale_prediction(&self, worker: &str) -> Option<String> {
+        stale_prediction(&self.eta, worker)
     }
 
     async fn read(&mut self, worker: &str) -> Result<Read, SendError> {

@@ -123,6 +123,7 @@ fn sink_seeing(url: &str, outbox: &Outbox, health: WorkerHealth) -> DaskSink {
         url: url.parse().unwrap(),
         guard: Guard::default(),
         refresh_interval: Duration::from_secs(1),
+        retire_imminent: true,
         delivery: Delivery {
             timeout: Duration::from_secs(5),
             ..Delivery::default()
@@ -495,4 +496,81 @@ async fn retirements_wait_out_the_gate_after_a_state_loss() {
         *fake.retired.lock().unwrap(),
         [vec!["tcp://192.0.2.1:1".to_string()]]
     );
+}
+
+/// `retire_imminent`: a worker whose kill is predicted is retired while the
+/// prediction holds (re-checked right before acting); averted first, or no
+/// longer predicted when the sink gets to it, nothing is retired; a
+/// heartbeat saying the worker is healthy does not cancel the prediction.
+#[tokio::test]
+async fn a_predicted_kill_retires_the_worker_while_it_is_still_predicted() {
+    let fake = two_workers();
+    fake.workers
+        .lock()
+        .unwrap()
+        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    let url = serve(fake.clone()).await;
+    let outbox = outbox();
+    let mut sink = sink(&url, &outbox);
+    let predicted = Arc::new(std::sync::Mutex::new(Some(12.0)));
+    let now = Arc::clone(&predicted);
+    sink.eta = Arc::new(move |w| {
+        if w == "w1" {
+            *now.lock().unwrap()
+        } else {
+            None
+        }
+    });
+    let imminent = |seq| {
+        let mut e = event(seq, EventKind::OomImminent, Some("w1"), None);
+        e.body.eta_seconds = Some(12.0);
+        e
+    };
+    sink.send(&[
+        imminent(1),
+        event(2, EventKind::OomAverted, Some("w1"), None),
+    ])
+    .await
+    .unwrap();
+    assert!(
+        fake.retired.lock().unwrap().is_empty(),
+        "averted before acting"
+    );
+
+    *predicted.lock().unwrap() = None;
+    sink.send(&[imminent(3)]).await.unwrap();
+    assert!(
+        fake.retired.lock().unwrap().is_empty(),
+        "no longer predicted"
+    );
+    let skipped = of_kind(&outbox, EventKind::ActionSkipped);
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0]
+            .body
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("no OOM kill is predicted for worker w1 now"),
+        "{skipped:?}"
+    );
+
+    *predicted.lock().unwrap() = Some(11.0);
+    sink.send(&[imminent(4), heartbeat(5, &[])]).await.unwrap();
+    assert_eq!(
+        *fake.retired.lock().unwrap(),
+        [vec!["tcp://192.0.2.1:1".to_string()]]
+    );
+    // Said again in the same episode: retired once.
+    sink.send(&[imminent(6)]).await.unwrap();
+    assert_eq!(fake.retired.lock().unwrap().len(), 1);
+
+    // Off: a prediction does nothing.
+    let mut off = sink_seeing(&url, &outbox, unhealthy_now());
+    off.actions = Actions::new(Guard::default(), Duration::ZERO);
+    off.eta = Arc::new(|_| Some(5.0));
+    off.send(&[event(7, EventKind::OomImminent, Some("w2"), None)])
+        .await
+        .unwrap();
+    assert_eq!(fake.retired.lock().unwrap().len(), 1);
 }
