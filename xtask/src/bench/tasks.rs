@@ -277,11 +277,14 @@ fn levels(agents: &Agents, workload: &mut Workload) -> anyhow::Result<(Vec<Row>,
     Ok((rows, None))
 }
 
+/// A column of the table: its label, its figure, the digits printed.
+type Column = (&'static str, fn(&Figures) -> f64, usize);
+
 fn print_table(builds: &[(String, PathBuf)], rows: &[Row], stopped: Option<String>) {
     println!(
         "\nTasks (half by cgroup, half by pid; 2 workers): {PROBES} registrations over HTTP timed at each level; idle CPU over {WINDOW:?} after {SETTLE:?}\n"
     );
-    let figures: [(&str, fn(&Figures) -> f64, usize); 4] = [
+    let figures: [Column; 4] = [
         ("registration p50 ms", |f| f.p50_ms, 2),
         ("registration p99 ms", |f| f.p99_ms, 2),
         ("idle CPU % of one core", |f| f.cpu_percent, 3),
