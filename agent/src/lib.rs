@@ -38,6 +38,7 @@ pub use outbox::{Limits as OutboxLimits, Outbox};
 /// Kernel records as the probe decodes them, for property tests.
 pub use probe::{
     ProbeEvent,
+    btf::{ParsedBtf, parsed as parsed_btf},
     decode::{ClockPair, record as decode_record},
 };
 /// A configured sink, as `Config::sinks` holds it.
@@ -56,4 +57,4 @@ pub use sinks::{
         WebhookSink,
     },
 };
-pub use telemetry::Metrics;
+pub use telemetry::{Metrics, heap::limit_arenas as limit_malloc_arenas};

@@ -47,6 +47,11 @@ enum Task {
     Bench {
         /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (an OOM storm of 6,000 kills/min for a minute), `tasks` (registration and idle cost at 10 to 5,000 live tasks).
         which: Option<String>,
+        /// Also build this commit (a git worktree under target/bench-baseline/)
+        /// and run it beside this tree on the same workload, printing both
+        /// figures and their ratio (`idle`, `tasks`).
+        #[arg(long, value_name = "REV")]
+        baseline: Option<String>,
     },
     /// Set up, build (release) and write the OCI image to target/memwatch.oci.tar (as root, needs buildah).
     Image,
@@ -108,9 +113,9 @@ fn run(task: Task) -> anyhow::Result<()> {
             run_args.extend(args);
             shell::exec(&bin, &run_args)
         }
-        Task::Bench { which } => {
+        Task::Bench { which, baseline } => {
             setup::ensure()?;
-            bench::run(which.as_deref())
+            bench::run(which.as_deref(), baseline.as_deref())
         }
         Task::Image => {
             setup::ensure()?;

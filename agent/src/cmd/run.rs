@@ -14,7 +14,7 @@ use crate::{
     },
     config::Config,
     daemon::{Daemon, SHUTDOWN_GRACE, status::SocketStatus},
-    telemetry::notify::Notifier,
+    telemetry::{heap, notify::Notifier},
 };
 
 // Long, on purpose: the agent's lifetime in order (signals, notify,
@@ -105,6 +105,9 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
     notifier.status("attaching the event source");
     let ran = match daemon.attach().await {
         Ok(status) => {
+            // The parsed BTF and the rest of start-up are dropped: their
+            // pages go back to the kernel.
+            heap::release_freed();
             // `/ready` answers 200 from now on.
             notifier.ready(&status);
             daemon.run(signal).await

@@ -6,7 +6,11 @@
 //! RSS counters (an array of `percpu_counter` since 6.2, `struct mm_rss_stat`
 //! before) are both recognised by their BTF shape.
 
-use std::path::Path;
+use std::{
+    ops::Deref,
+    path::Path,
+    sync::atomic::{AtomicUsize, Ordering},
+};
 
 use agent_common::KernelOffsets;
 use btf_rs::{Btf, Type};
@@ -35,12 +39,62 @@ pub(crate) enum BtfError {
     Malformed(#[from] btf_rs::Error),
 }
 
+/// Parsed copies of a kernel's BTF made by this process, and alive now.
+static PARSED_MADE: AtomicUsize = AtomicUsize::new(0);
+static PARSED_ALIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// A parsed kernel BTF (several MiB of heap): start-up data, used to
+/// resolve offsets and attach, then dropped. Counted while alive, so a test
+/// can tell that nothing kept one after attach ([`parsed`]).
+#[derive(Debug)]
+pub(crate) struct Parsed<T>(T);
+
+impl<T> Parsed<T> {
+    pub(crate) fn new(parsed: T) -> Self {
+        PARSED_MADE.fetch_add(1, Ordering::Relaxed);
+        PARSED_ALIVE.fetch_add(1, Ordering::Relaxed);
+        Self(parsed)
+    }
+}
+
+impl<T> Deref for Parsed<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> Drop for Parsed<T> {
+    fn drop(&mut self) {
+        PARSED_ALIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Parsed kernel BTFs ([`Parsed`]) of this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParsedBtf {
+    /// Made since the process started.
+    pub made: usize,
+    /// Alive now.
+    pub alive: usize,
+}
+
+/// How many parsed kernel BTFs were made, and how many are alive now.
+pub fn parsed() -> ParsedBtf {
+    ParsedBtf {
+        made: PARSED_MADE.load(Ordering::Relaxed),
+        alive: PARSED_ALIVE.load(Ordering::Relaxed),
+    }
+}
+
 /// Loads the kernel's BTF from `path` (normally [`VMLINUX_BTF`]).
-pub(crate) fn load(path: &Path) -> Result<Btf, BtfError> {
-    Btf::from_file(path).map_err(|source| BtfError::Read {
-        path: path.display().to_string(),
-        source,
-    })
+pub(crate) fn load(path: &Path) -> Result<Parsed<Btf>, BtfError> {
+    Btf::from_file(path)
+        .map(Parsed::new)
+        .map_err(|source| BtfError::Read {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 /// Resolves every offset the eBPF programs need.
@@ -296,7 +350,7 @@ mod tests {
 
     /// Reads the machine's own BTF; kernels without it skip (there is nothing
     /// to check), which the doctor reports separately.
-    fn host_btf() -> Option<Btf> {
+    fn host_btf() -> Option<Parsed<Btf>> {
         let path = Path::new(VMLINUX_BTF);
         if !path.exists() {
             eprintln!("skipped: {VMLINUX_BTF} is absent on this kernel");

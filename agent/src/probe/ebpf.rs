@@ -274,6 +274,8 @@ impl EbpfProbe {
         let growth_unavailable = btf::growth_offsets(&kernel_btf, &mut offsets)
             .err()
             .map(|e| format!("growth tracking off: {e}"));
+        // Everything needed from it is read: freed before the load peaks.
+        drop(kernel_btf);
         debug!(?offsets, "kernel offsets from BTF");
 
         let mut loader = EbpfLoader::new();
@@ -299,8 +301,9 @@ impl EbpfProbe {
             },
             None => ProbeError::Load(Box::new(e)),
         })?;
-        let aya_btf =
-            aya::Btf::parse_file(btf_path, aya::Endianness::default()).map_err(|e| e.to_string());
+        let aya_btf = aya::Btf::parse_file(btf_path, aya::Endianness::default())
+            .map(btf::Parsed::new)
+            .map_err(|e| e.to_string());
         let growth_hook = match &growth_unavailable {
             None if options.floor => Growth::Floor,
             None => Growth::Program,
@@ -483,7 +486,7 @@ impl EbpfProbe {
 /// kernel refuses `tp_btf`.
 fn attach_point(
     ebpf: &mut Ebpf,
-    btf: &Result<aya::Btf, String>,
+    btf: &Result<btf::Parsed<aya::Btf>, String>,
     point: AttachPoint,
 ) -> Result<AttachKind, ProbeError> {
     let btf_error = match attach_btf(ebpf, btf, point) {
@@ -507,7 +510,7 @@ fn attach_point(
 
 fn attach_btf(
     ebpf: &mut Ebpf,
-    btf: &Result<aya::Btf, String>,
+    btf: &Result<btf::Parsed<aya::Btf>, String>,
     point: AttachPoint,
 ) -> anyhow::Result<()> {
     let btf = btf
@@ -556,7 +559,7 @@ fn take_map<M>(
 /// when any hook fell back to it.
 fn attach_all(
     ebpf: &mut aya::Ebpf,
-    aya_btf: &Result<aya::Btf, String>,
+    aya_btf: &Result<btf::Parsed<aya::Btf>, String>,
     victim_form: VictimForm,
     growth: Growth,
     log: bool,

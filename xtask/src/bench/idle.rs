@@ -2,10 +2,12 @@
 //! and 10,000 live memory cgroups (v1 hierarchy), made before it starts and
 //! removed after.
 //!
-//! With `MEMWATCH_BENCH_BASELINE=/path/to/memwatch` a second build (an older
-//! commit's) is measured beside this tree's on the same cgroups, and the
-//! table gets their CPU ratio. The agent's full walk of every cgroup's OOM
-//! counter runs only every few minutes, so the window rarely holds one: the
+//! With `--baseline <rev>` the agent built from that commit is measured
+//! beside this tree's on the same cgroups, interleaved (this tree, the
+//! baseline, the baseline, this tree: the mean of two windows each),
+//! and the table gets each figure for both builds and their ratio. The
+//! agent's full walk of every cgroup's OOM counter runs only every few
+//! minutes, so the window rarely holds one: the
 //! table gives that walk's CPU (timed here, the same reads) and its share
 //! amortized over the interval.
 
@@ -17,7 +19,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{release_bins, start_agent};
+use super::{baseline::Baseline, release_bins, start_agent};
 
 const COUNTS: [usize; 3] = [100, 1_000, 10_000];
 /// Time left to the agent after start (its first walk of the hierarchy).
@@ -37,25 +39,20 @@ impl Drop for Cgroups {
     }
 }
 
-/// Another `memwatch` binary to measure beside this tree's (e.g. one built
-/// from an older commit): same cgroups, same window, one after the other.
-const BASELINE_ENV: &str = "MEMWATCH_BENCH_BASELINE";
 /// How often the agent walks every memory cgroup's OOM counter
 /// (agent/src/agent.rs `OOM_RESCAN_INTERVAL`): its cost is amortized over it.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 
-pub(super) fn idle() -> anyhow::Result<()> {
+/// Windows measured per build and cgroup count, in this order of builds
+/// (0: this tree, 1: the baseline): each build is measured first once.
+const ORDER: [usize; 4] = [0, 1, 1, 0];
+
+pub(super) fn idle(baseline: Option<Baseline>) -> anyhow::Result<()> {
     let memwatch =
         release_bins("the idle benchmark loads the eBPF probe and makes cgroups")?.join("memwatch");
-    let mut agents = vec![("this tree".to_string(), memwatch)];
-    if let Some(base) = std::env::var_os(BASELINE_ENV) {
-        agents.insert(
-            0,
-            (
-                format!("baseline {}", Path::new(&base).display()),
-                base.into(),
-            ),
-        );
+    let mut agents = vec![(super::baseline::this_tree(), memwatch)];
+    if let Some(base) = &baseline {
+        agents.push((base.commit[..7].to_string(), base.bin.clone()));
     }
     let ticks = clock_ticks();
     // (count, per agent (cpu %, rss MiB), one full walk's CPU ms)
@@ -69,54 +66,81 @@ pub(super) fn idle() -> anyhow::Result<()> {
             std::fs::create_dir(parent.join(format!("c{i}"))).context("mkdir a cgroup")?;
         }
         eprintln!("xtask: {count} cgroups made in {:?}", made.elapsed());
-        let mut measured = Vec::new();
-        for (name, bin) in &agents {
-            let agent = start_agent(bin, &[])?;
-            let pid = agent.pid().context("the agent runs")?;
-            thread::sleep(SETTLE);
-            let before = cpu_ticks(pid)?;
-            thread::sleep(WINDOW);
-            let after = cpu_ticks(pid)?;
-            let rss_kib = status_kib(pid, "VmRSS:")?;
-            drop(agent);
-            let cpu = (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0;
-            eprintln!("xtask: {count} cgroups, {name}: {cpu:.2}% of a core");
-            measured.push((cpu, rss_kib as f64 / 1024.0));
+        let mut windows: Vec<Vec<(f64, f64)>> = vec![Vec::new(); agents.len()];
+        for &which in ORDER.iter().filter(|&&i| i < agents.len()) {
+            let (name, bin) = &agents[which];
+            let measured = measure(bin, ticks)?;
+            eprintln!(
+                "xtask: {count} cgroups, {name}: {:.3}% of a core, {:.1} MiB",
+                measured.0, measured.1
+            );
+            windows[which].push(measured);
         }
+        let measured = windows.iter().map(|w| mean_of(w)).collect();
         let walk_ms = full_walk_cpu_ms()?;
         drop(cgroups);
         rows.push((count, measured, walk_ms));
     }
+    print_table(&agents, &rows);
+    Ok(())
+}
+
+/// One agent started, left to settle, its CPU over [`WINDOW`] (% of a
+/// core) and its RSS at the end (MiB).
+fn measure(bin: &Path, ticks: f64) -> anyhow::Result<(f64, f64)> {
+    let agent = start_agent(bin, &[])?;
+    let pid = agent.pid().context("the agent runs")?;
+    thread::sleep(SETTLE);
+    let before = cpu_ticks(pid)?;
+    thread::sleep(WINDOW);
+    let after = cpu_ticks(pid)?;
+    let rss_kib = status_kib(pid, "VmRSS:")?;
+    drop(agent);
+    let cpu = (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0;
+    Ok((cpu, rss_kib as f64 / 1024.0))
+}
+
+/// Each figure's mean over the windows.
+fn mean_of(windows: &[(f64, f64)]) -> (f64, f64) {
+    let n = windows.len().max(1) as f64;
+    let (cpu, rss) = windows
+        .iter()
+        .fold((0.0, 0.0), |(c, r), (wc, wr)| (c + wc, r + wr));
+    (cpu / n, rss / n)
+}
+
+type IdleRow = (usize, Vec<(f64, f64)>, f64);
+
+fn print_table(agents: &[(String, PathBuf)], rows: &[IdleRow]) {
     println!(
         "\nIdle agent (default config, eBPF source), CPU over a {WINDOW:?} window after {SETTLE:?} settle\n"
     );
-    let names: Vec<&str> = agents.iter().map(|(n, _)| n.as_str()).collect();
+    let base = agents.len() == 2;
     print!("| live memory cgroups |");
-    for name in &names {
+    for (name, _) in agents {
         print!(" {name}: CPU % of one core | {name}: RSS MiB |");
     }
-    if names.len() == 2 {
-        print!(" CPU ratio |");
+    if base {
+        print!(" CPU ratio | RSS ratio |");
     }
     println!(" one full OOM-counter walk, CPU ms | amortized over {RESCAN_INTERVAL:?}, % |");
     println!(
         "|---{}|---|---|",
-        "|---|---".repeat(names.len()) + if names.len() == 2 { "|---" } else { "" }
+        "|---|---".repeat(agents.len()) + if base { "|---|---" } else { "" }
     );
     for (count, measured, walk_ms) in rows {
         print!("| {count} |");
-        for (cpu, rss) in &measured {
-            print!(" {cpu:.2} | {rss:.1} |");
+        for (cpu, rss) in measured {
+            print!(" {cpu:.3} | {rss:.1} |");
         }
-        if let [(base, _), (now, _)] = measured[..] {
-            print!(" {:.2} |", now / base);
+        if let [(now, now_rss), (base, base_rss)] = measured[..] {
+            print!(" {:.2} | {:.2} |", now / base, now_rss / base_rss);
         }
         println!(
             " {walk_ms:.0} | {:.3} |",
             walk_ms / RESCAN_INTERVAL.as_millis() as f64 * 100.0
         );
     }
-    Ok(())
 }
 
 /// The CPU time of one walk like the agent's full OOM-counter rescan

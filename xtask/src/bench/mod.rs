@@ -11,6 +11,7 @@ use memwatch_test_support::{
 
 use crate::shell;
 
+mod baseline;
 mod delay;
 mod guard;
 mod idle;
@@ -19,15 +20,25 @@ mod segments;
 mod storm;
 mod tasks;
 
-pub(crate) fn run(which: Option<&str>) -> anyhow::Result<()> {
+/// Runs benchmark `which`; with `baseline`, also the agent built from that
+/// commit, beside this tree's on the same workload (idle and tasks).
+pub(crate) fn run(which: Option<&str>, baseline: Option<&str>) -> anyhow::Result<()> {
+    let which = which.unwrap_or("overhead");
+    let baseline = match (which, baseline) {
+        (_, None) => None,
+        ("idle" | "tasks", Some(rev)) => Some(baseline::build(rev)?),
+        (other, Some(_)) => {
+            bail!("`--baseline` is supported by `idle` and `tasks`, not yet by `{other}`")
+        }
+    };
     match which {
-        None | Some("overhead") => overhead::overhead(),
-        Some("delay") => delay::delay(),
-        Some("idle") => idle::idle(),
-        Some("storm") => storm::storm(),
-        Some("guard") => guard::guard(),
-        Some("tasks") => tasks::tasks(),
-        Some(other) => {
+        "overhead" => overhead::overhead(),
+        "delay" => delay::delay(),
+        "idle" => idle::idle(baseline),
+        "storm" => storm::storm(),
+        "guard" => guard::guard(),
+        "tasks" => tasks::tasks(baseline),
+        other => {
             bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm, guard, tasks)")
         }
     }

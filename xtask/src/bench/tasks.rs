@@ -11,6 +11,12 @@
 //! again, alternately by cgroup and by pid; then, with nothing changing,
 //! the agent's CPU is read over [`WINDOW`]. Release build, default
 //! settings, eBPF source.
+//!
+//! With `--baseline <rev>` the agent built from that commit runs beside
+//! this tree's, over the same tasks: each task is registered with both
+//! (which one first alternates), the timed registrations alternate, and
+//! both agents' CPU is read over the same window; the table gives each
+//! figure for both and their ratio.
 
 use std::{
     path::{Path, PathBuf},
@@ -26,6 +32,7 @@ use memwatch_test_support::{
 };
 
 use super::{
+    baseline::{self, Baseline},
     idle::{clock_ticks, cpu_ticks, status_kib},
     release_bins, start_agent,
 };
@@ -153,93 +160,178 @@ fn end(socket: &Path, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Row {
-    tasks: usize,
+/// One build's figures at one level.
+struct Figures {
     p50_ms: f64,
     p99_ms: f64,
     cpu_percent: f64,
     rss_mib: f64,
 }
 
-pub(super) fn tasks() -> anyhow::Result<()> {
+/// One level: per build, in the order of the builds.
+struct Row {
+    tasks: usize,
+    builds: Vec<Figures>,
+}
+
+/// The agents under test (this tree's, then the baseline's), in turn:
+/// `(pid, local socket)` each.
+struct Agents(Vec<(u32, std::path::PathBuf)>);
+
+impl Agents {
+    /// The agents in the order for step `i`: who goes first alternates.
+    fn turn(&self, i: usize) -> impl Iterator<Item = (usize, &(u32, std::path::PathBuf))> + '_ {
+        let n = self.0.len();
+        (0..n).map(move |k| {
+            let a = (i + k) % n;
+            (a, &self.0[a])
+        })
+    }
+}
+
+pub(super) fn tasks(baseline: Option<Baseline>) -> anyhow::Result<()> {
     let bin = release_bins("the tasks benchmark loads the eBPF probe and makes cgroups")?
         .join("memwatch");
+    let mut builds = vec![(baseline::this_tree(), bin)];
+    if let Some(base) = &baseline {
+        builds.push((base.commit[..7].to_string(), base.bin.clone()));
+    }
     let config = config(&std::env::temp_dir())?;
+    let config = config.display().to_string();
     let mut workload = Workload::new()?;
-    let agent = start_agent(&bin, &["--config", &config.display().to_string()])?;
-    let pid = agent.pid().context("the agent runs")?;
-    let socket = agent.socket.clone();
+    let running = builds
+        .iter()
+        .map(|(_, bin)| start_agent(bin, &["--config", &config]))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let agents = Agents(
+        running
+            .iter()
+            .map(|a| Ok((a.pid().context("the agent runs")?, a.socket.clone())))
+            .collect::<anyhow::Result<_>>()?,
+    );
+    let (rows, stopped) = levels(&agents, &mut workload)?;
+    drop(running);
+    drop(workload);
+    print_table(&builds, &rows, stopped);
+    Ok(())
+}
+
+/// Fills every level and measures it; the rows, and why it stopped early.
+fn levels(agents: &Agents, workload: &mut Workload) -> anyhow::Result<(Vec<Row>, Option<String>)> {
     let ticks = clock_ticks();
     let started = Instant::now();
     let mut live = 0;
     let mut rows = Vec::new();
-    let mut stopped = None;
-    'levels: for level in LEVELS {
+    for level in LEVELS {
         while live < level {
             if started.elapsed() > FILL_LIMIT {
-                stopped = Some(format!(
+                let stopped = format!(
                     "stopped: {live} tasks registered in {FILL_LIMIT:?}, {level} not reached"
-                ));
-                break 'levels;
+                );
+                return Ok((rows, Some(stopped)));
             }
             let body = workload.task(&format!("t{live}"), live, live % 2 == 1)?;
-            register(&socket, &body)?;
+            for (_, (_, socket)) in agents.turn(live) {
+                register(socket, &body)?;
+            }
             live += 1;
         }
         eprintln!("xtask: {live} live tasks after {:?}", started.elapsed());
-        let mut times = Vec::with_capacity(PROBES);
+        let mut times = vec![Vec::with_capacity(PROBES); agents.0.len()];
         for probe in 0..PROBES {
             let id = format!("probe-{level}-{probe}");
             let body = workload.task(&id, probe, probe % 2 == 1)?;
-            times.push(register(&socket, &body)?);
-            end(&socket, &id)?;
+            for (a, (_, socket)) in agents.turn(probe) {
+                times[a].push(register(socket, &body)?);
+                end(socket, &id)?;
+            }
             workload.remove_last(probe % 2 == 1);
         }
         thread::sleep(SETTLE);
-        let before = cpu_ticks(pid)?;
+        let before = agents
+            .0
+            .iter()
+            .map(|(pid, _)| cpu_ticks(*pid))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         thread::sleep(WINDOW);
-        let after = cpu_ticks(pid)?;
-        let row = Row {
+        let mut builds = Vec::new();
+        for ((pid, _), (before, times)) in agents.0.iter().zip(before.iter().zip(&mut times)) {
+            let after = cpu_ticks(*pid)?;
+            builds.push(Figures {
+                p50_ms: quantile(times, 0.5),
+                p99_ms: quantile(times, 0.99),
+                cpu_percent: (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0,
+                rss_mib: status_kib(*pid, "VmRSS:")? as f64 / 1024.0,
+            });
+        }
+        for f in &builds {
+            eprintln!(
+                "xtask: {level} tasks: registration p50 {:.2} ms, p99 {:.2} ms; idle {:.3}% of a core; {:.1} MiB",
+                f.p50_ms, f.p99_ms, f.cpu_percent, f.rss_mib
+            );
+        }
+        rows.push(Row {
             tasks: level,
-            p50_ms: quantile(&mut times, 0.5),
-            p99_ms: quantile(&mut times, 0.99),
-            cpu_percent: (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0,
-            rss_mib: status_kib(pid, "VmRSS:")? as f64 / 1024.0,
-        };
-        eprintln!(
-            "xtask: {level} tasks: registration p50 {:.2} ms, p99 {:.2} ms; idle {:.2}% of a core",
-            row.p50_ms, row.p99_ms, row.cpu_percent
-        );
-        rows.push(row);
+            builds,
+        });
     }
-    drop(agent);
-    drop(workload);
+    Ok((rows, None))
+}
+
+/// A column of the table: its label, its figure, the digits printed.
+type Column = (&'static str, fn(&Figures) -> f64, usize);
+
+fn print_table(builds: &[(String, PathBuf)], rows: &[Row], stopped: Option<String>) {
     println!(
         "\nTasks (half by cgroup, half by pid; 2 workers): {PROBES} registrations over HTTP timed at each level; idle CPU over {WINDOW:?} after {SETTLE:?}\n"
     );
-    println!(
-        "| live tasks | registration p50 ms | registration p99 ms | idle CPU % of one core | RSS MiB |"
-    );
-    println!("|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.1} |",
-            r.tasks, r.p50_ms, r.p99_ms, r.cpu_percent, r.rss_mib
-        );
+    let figures: [Column; 4] = [
+        ("registration p50 ms", |f| f.p50_ms, 2),
+        ("registration p99 ms", |f| f.p99_ms, 2),
+        ("idle CPU % of one core", |f| f.cpu_percent, 3),
+        ("RSS MiB", |f| f.rss_mib, 1),
+    ];
+    let two = builds.len() == 2;
+    print!("| live tasks |");
+    let mut columns = 1;
+    for (label, _, _) in &figures {
+        for (name, _) in builds {
+            print!(" {name}: {label} |");
+            columns += 1;
+        }
+        if two {
+            print!(" ratio |");
+            columns += 1;
+        }
+    }
+    println!("\n|{}", "---|".repeat(columns));
+    for r in rows {
+        print!("| {} |", r.tasks);
+        for (_, get, digits) in &figures {
+            for f in &r.builds {
+                print!(" {:.*} |", *digits, get(f));
+            }
+            if let [now, base] = &r.builds[..] {
+                print!(" {:.2} |", get(now) / get(base).max(1e-9));
+            }
+        }
+        println!();
     }
     if let Some(stopped) = stopped {
         println!("\n{stopped}");
     }
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
-        println!(
-            "\np99 at {} / at {} tasks: {:.2}; idle CPU at {} / at {}: {:.2}",
-            last.tasks,
-            first.tasks,
-            last.p99_ms / first.p99_ms,
-            last.tasks,
-            first.tasks,
-            last.cpu_percent / first.cpu_percent.max(0.01)
-        );
+        for (i, (name, _)) in builds.iter().enumerate() {
+            let (a, z) = (&first.builds[i], &last.builds[i]);
+            println!(
+                "\n{name}: p99 at {} / at {} tasks: {:.2}; idle CPU at {} / at {}: {:.2}",
+                last.tasks,
+                first.tasks,
+                z.p99_ms / a.p99_ms,
+                last.tasks,
+                first.tasks,
+                z.cpu_percent / a.cpu_percent.max(0.01)
+            );
+        }
     }
-    Ok(())
 }
