@@ -132,6 +132,8 @@ fn listening_beyond_loopback_without_a_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     fs::write(&token, "s3cret\n").unwrap();
+    // A token others may read is refused before anything else.
+    fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let config = dir.path().join("memwatch.toml");
     fs::write(
         &config,
