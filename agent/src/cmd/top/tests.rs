@@ -32,6 +32,7 @@ fn task(id: &str, worker: &str, memory: u64, growing: bool) -> TaskView {
         outcome: None,
         owner: "root".into(),
         kernel_usage_bytes: None,
+        eta_seconds: None,
     }
 }
 
