@@ -26,7 +26,7 @@ pub use cgroup::{
 /// The command line, for `main.rs`.
 pub use cmd::{Cli, dispatch};
 /// The configuration, for tests of what files and flags the agent accepts.
-pub use config::{Config, ConfigError, Overrides};
+pub use config::{Config, ConfigError, DEFAULT_SOCKET, Overrides};
 /// Events as the agent stores and ships them.
 pub use model::{
     event::{Event, EventBody, EventKind, OomConstraint},

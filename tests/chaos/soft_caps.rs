@@ -30,7 +30,7 @@ async fn every_fresh_task_crossing_its_soft_cap_is_seen_by_the_kernel() {
     let mut late = Vec::new();
     for n in 0..TASKS {
         let task = format!("fresh-{n}");
-        let mark_ns = exec_memhog_with_mark(&agent.base_url, "64M", &task, 128, 64);
+        let mark_ns = exec_memhog_with_mark(agent.socket(), "64M", &task, 128, 64);
         let events = agent.all_events().await;
         let crossing = events.iter().find(|e| {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some(&*task)

@@ -31,8 +31,8 @@ fn kinds(events: &[Event]) -> Vec<EventKind> {
 /// `memwatch exec` against `agent`, with its exit code and stderr.
 fn exec(agent: &Agent, args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(workspace_bin("memwatch"))
-        .arg("exec")
-        .args(["--agent", &agent.base_url])
+        .args(["exec", "--socket"])
+        .arg(agent.socket())
         .args(args)
         .output()
         .expect("run memwatch exec");
@@ -379,7 +379,7 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_not_the_sampler() {
     // emulated VM (`cargo xtask vm-test` under TCG); that part is the
     // workload's, not the probe's, and is allowed for.
     let (mark_ns, pace_ns_per_mib) =
-        exec_memhog_with_mark_and_pace(&agent.base_url, "64M", "t-k", 128, 60);
+        exec_memhog_with_mark_and_pace(agent.socket(), "64M", "t-k", 128, 60);
     let crossing = agent
         .wait_for_event(Duration::from_secs(30), "soft_cap_exceeded", |e| {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-k")
@@ -420,7 +420,7 @@ async fn a_soft_cap_crossed_just_before_the_task_sleeps_is_seen_at_once() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     // 66 MiB touched, then a one-second sleep holding it: the cap (64 MiB)
     // is crossed in the last ~2 MiB before the task leaves the CPU.
-    let mark_ns = exec_memhog_with_mark(&agent.base_url, "64M", "t-z", 66, 63);
+    let mark_ns = exec_memhog_with_mark(agent.socket(), "64M", "t-z", 66, 63);
     let crossing = agent
         .wait_for_event(Duration::from_secs(30), "soft_cap_exceeded", |e| {
             e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-z")
@@ -452,16 +452,9 @@ async fn kernel_usage_figures_stay_within_5_percent_of_the_cgroup_counters() {
     let agent = Agent::start_with_config("growth_step = \"1MiB\"\n").await;
     let memhog = workspace_bin("memhog");
     let mut exec = Command::new(workspace_bin("memwatch"))
-        .args([
-            "exec",
-            "--agent",
-            &agent.base_url,
-            "--soft-cap",
-            "1G",
-            "--task-id",
-            "t-u",
-            "--",
-        ])
+        .args(["exec", "--socket"])
+        .arg(agent.socket())
+        .args(["--soft-cap", "1G", "--task-id", "t-u", "--"])
         .args([memhog.to_str().unwrap(), "100", "10"])
         .stdout(Stdio::null())
         .spawn()
@@ -516,6 +509,7 @@ async fn exec_keeps_the_token_from_its_command() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret-token\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let agent = Agent::start_with_config(&format!(
         "api_token_file = \"{}\"\n[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n",
         token.display(),

@@ -115,7 +115,6 @@ impl Podman {
         for (host, inside, mode) in [
             ("/sys/fs/cgroup", "/sys/fs/cgroup", "ro"),
             ("/sys/kernel/btf", "/sys/kernel/btf", "ro"),
-            ("/sys/fs/bpf", "/sys/fs/bpf", "rw"),
             ("/sys/kernel/tracing", "/sys/kernel/tracing", "ro"),
         ] {
             cmd.arg("-v").arg(format!("{host}:{inside}:{mode}"));

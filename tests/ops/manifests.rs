@@ -85,13 +85,21 @@ fn assert_valid(files: &[PathBuf], expected_kinds: &[&str]) {
 /// Where the pod's token files are mounted (one per scope).
 const TOKEN_DIR: &str = "/var/run/memwatch-token/";
 
+/// The mode the manifests give the token files (`defaultMode` of the
+/// Secret volumes): the agent refuses one open to group or others.
+const TOKEN_MODE: u32 = 0o400;
+
 /// The agent accepts the config as it would read it in the pod (the token
-/// files are mounted from Secrets there; distinct stand-ins here: the raw
-/// manifests' `token`, the chart's `admin`, `task` and `read`).
+/// files are mounted from Secrets there, mode [`TOKEN_MODE`]; distinct
+/// stand-ins here: the raw manifests' `token`, the chart's `admin`, `task`
+/// and `read`).
 fn assert_agent_accepts(toml: &str) -> Config {
+    use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     for name in ["token", "admin", "task", "read"] {
-        fs::write(dir.path().join(name), format!("t0ken-{name}")).unwrap();
+        let path = dir.path().join(name);
+        fs::write(&path, format!("t0ken-{name}")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(TOKEN_MODE)).unwrap();
     }
     let text = toml.replace(TOKEN_DIR, &format!("{}/", dir.path().display()));
     let path = dir.path().join("memwatch.toml");
@@ -1350,5 +1358,37 @@ fn admission_policy_lets_the_agents_patches_through_and_denies_the_rest() {
         for (name, matched, was_allowed, message) in &results[cases.len()..] {
             assert!(!matched && *was_allowed, "{name}: {message}");
         }
+    }
+}
+
+/// Both shipped forms mount the token files with [`TOKEN_MODE`]: with the
+/// Secret volume's default (0644) the agent would refuse to start.
+#[test]
+fn token_volumes_give_the_files_the_mode_the_agent_accepts() {
+    let mode = format!("defaultMode: {TOKEN_MODE:04o}");
+    for file in [
+        "deploy/kubernetes/daemonset.yaml",
+        "deploy/helm/memwatch/templates/daemonset.yaml",
+    ] {
+        let text = fs::read_to_string(repo().join(file)).unwrap();
+        let modes: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("defaultMode:"))
+            .collect();
+        assert_eq!(modes, [mode.as_str()], "{file}");
+    }
+}
+
+/// No bpffs in either shipped DaemonSet: the agent pins nothing, and with
+/// CAP_BPF a mounted bpffs would open other components' pinned maps to it.
+#[test]
+fn daemonsets_mount_no_bpffs() {
+    for file in [
+        "deploy/kubernetes/daemonset.yaml",
+        "deploy/helm/memwatch/templates/daemonset.yaml",
+    ] {
+        let text = fs::read_to_string(repo().join(file)).unwrap();
+        assert!(!text.contains("/sys/fs/bpf"), "{file} mounts bpffs");
     }
 }

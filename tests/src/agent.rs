@@ -20,6 +20,9 @@ pub struct Agent {
     process: support::Agent,
     pub base_url: String,
     client: reqwest::Client,
+    /// The same, connected to the agent's local socket: the test's uid
+    /// (root: admin) is the caller, no token needed.
+    socket_client: reqwest::Client,
     /// Sent as a bearer token on [`Agent::get`] and [`Agent::post`] when
     /// set (an agent with tokens reads `/v1/status` and `/v1/events` only
     /// with one).
@@ -112,15 +115,17 @@ impl Agent {
                 .await
                 .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let process = started.unwrap_or_else(|e| panic!("{e}"));
+        // Generous: an agent on a loaded 2-core machine (a Dask cluster
+        // and builds beside it) once took over 5 s to answer.
+        let builder = || reqwest::Client::builder().timeout(Duration::from_secs(30));
         Agent {
             base_url: process.base_url(),
-            process,
-            // Generous: an agent on a loaded 2-core machine (a Dask cluster
-            // and builds beside it) once took over 5 s to answer.
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
+            client: builder().build().expect("http client"),
+            socket_client: builder()
+                .unix_socket(process.socket.clone())
                 .build()
-                .expect("http client"),
+                .expect("http client on the socket"),
+            process,
             token: None,
             _state: None,
         }
@@ -152,12 +157,47 @@ impl Agent {
         (r.status().as_u16(), r.text().await.expect("body"))
     }
 
+    /// POST over TCP with the token set by [`Agent::set_token`], or
+    /// without one over the agent's local socket, as the test's uid (root:
+    /// admin): over TCP, a caller with no token only reads.
     pub async fn post(
         &self,
         path: &str,
         body: Option<serde_json::Value>,
     ) -> (u16, serde_json::Value) {
-        let mut req = self.with_token(self.client.post(format!("{}{path}", self.base_url)));
+        let client = match self.token {
+            Some(_) => &self.client,
+            None => &self.socket_client,
+        };
+        self.post_with(client, path, body).await
+    }
+
+    /// POST over TCP with no token (anonymous, even after
+    /// [`Agent::set_token`]).
+    pub async fn post_tcp(
+        &self,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let req = self.client.post(format!("{}{path}", self.base_url));
+        Self::send(req, path, body).await
+    }
+
+    async fn post_with(
+        &self,
+        client: &reqwest::Client,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let req = self.with_token(client.post(format!("{}{path}", self.base_url)));
+        Self::send(req, path, body).await
+    }
+
+    async fn send(
+        mut req: reqwest::RequestBuilder,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
         if let Some(body) = body {
             req = req.json(&body);
         }
@@ -254,9 +294,11 @@ impl Agent {
         self.process.kill().expect("SIGKILL and reap the agent");
     }
 
-    /// An HTTP client with the agent's timeout, for concurrent requests.
+    /// An HTTP client with the agent's timeout, for concurrent requests:
+    /// connected to the agent's local socket whatever the URL's host (the
+    /// test's uid is the caller: root is admin, no token needed).
     pub fn client(&self) -> reqwest::Client {
-        self.client.clone()
+        self.socket_client.clone()
     }
 
     /// Sends SIGTERM and waits for a clean exit; returns the exit code.

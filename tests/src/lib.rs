@@ -59,35 +59,28 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
-/// Runs `memwatch exec --agent <agent> --soft-cap <cap> --task-id <task> --
+/// Runs `memwatch exec --socket <socket> --soft-cap <cap> --task-id <task> --
 /// memhog <mib> 1` with `MEMHOG_MARK_MIB=<mark>`, asserts it succeeded, and
 /// returns the wall-clock time (Unix nanoseconds) memhog printed when it had
 /// touched `mark` MiB.
-pub fn exec_memhog_with_mark(agent: &str, cap: &str, task: &str, mib: u32, mark: u32) -> i64 {
-    exec_memhog_with_mark_and_pace(agent, cap, task, mib, mark).0
+pub fn exec_memhog_with_mark(socket: &Path, cap: &str, task: &str, mib: u32, mark: u32) -> i64 {
+    exec_memhog_with_mark_and_pace(socket, cap, task, mib, mark).0
 }
 
 /// [`exec_memhog_with_mark`], and memhog's own pace before the mark
 /// (nanoseconds per MiB touched): how long the workload itself takes to
 /// go on from the mark to the cap on this machine (or emulator).
 pub fn exec_memhog_with_mark_and_pace(
-    agent: &str,
+    socket: &Path,
     cap: &str,
     task: &str,
     mib: u32,
     mark: u32,
 ) -> (i64, i64) {
     let out = std::process::Command::new(workspace_bin("memwatch"))
-        .args([
-            "exec",
-            "--agent",
-            agent,
-            "--soft-cap",
-            cap,
-            "--task-id",
-            task,
-            "--",
-        ])
+        .args(["exec", "--socket"])
+        .arg(socket)
+        .args(["--soft-cap", cap, "--task-id", task, "--"])
         .arg(workspace_bin("memhog"))
         .args([mib.to_string(), "1".into()])
         .env(memhog::MARK_ENV, mark.to_string())

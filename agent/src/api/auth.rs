@@ -101,14 +101,17 @@ pub(crate) struct Caller {
     pub scope: Scope,
     /// May end tasks other principals registered (admins only).
     pub any_owner: bool,
+    /// The uid the kernel gave for a caller on the socket (no token).
+    pub uid: Option<u32>,
 }
 
 impl Caller {
-    fn admin(principal: String) -> Self {
+    fn admin(principal: String, uid: u32) -> Self {
         Self {
             principal,
             scope: Scope::Admin,
             any_owner: true,
+            uid: Some(uid),
         }
     }
 }
@@ -117,6 +120,8 @@ impl Caller {
 #[derive(Clone)]
 pub(super) struct Guard {
     pub tokens: Tokens,
+    /// The uid the agent runs as: admin on the socket, as root is.
+    pub agent_uid: u32,
     pub needs: Scope,
 }
 
@@ -128,16 +133,22 @@ pub(super) async fn guard(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(caller) = identify(&guard.tokens, &request) else {
+    let Some(caller) = identify(&guard.tokens, guard.agent_uid, &request) else {
         return unauthorized(guard.needs);
     };
     if caller.scope < guard.needs {
         let needs = guard.needs.as_str();
+        let hint = if caller.principal == ANONYMOUS {
+            " (over TCP, changes need a token: call on the agent's local socket, \
+             where your uid is known, or send `Authorization: Bearer <token>`)"
+        } else {
+            ""
+        };
         return (
             StatusCode::FORBIDDEN,
             Json(serde_json::json!({
                 "error": format!(
-                    "this route needs the `{needs}` scope; {} has `{}`",
+                    "this route needs the `{needs}` scope; {} has `{}`{hint}",
                     caller.principal,
                     caller.scope.as_str()
                 ),
@@ -151,9 +162,10 @@ pub(super) async fn guard(
 }
 
 /// The caller: a bearer token when one is sent to an agent with tokens,
-/// else the socket peer's uid, else `anonymous` when the agent has no
-/// token. `None`: nobody (a token is needed, or the one sent is wrong).
-fn identify(tokens: &Tokens, request: &Request) -> Option<Caller> {
+/// else the socket peer's uid (root and `agent_uid` are admin), else
+/// `anonymous` (read only) when the agent has no token. `None`: nobody (a
+/// token is needed, or the one sent is wrong).
+fn identify(tokens: &Tokens, agent_uid: u32, request: &Request) -> Option<Caller> {
     let authorization = request.headers().get(header::AUTHORIZATION);
     if tokens.any()
         && let Some(value) = authorization
@@ -164,22 +176,28 @@ fn identify(tokens: &Tokens, request: &Request) -> Option<Caller> {
             principal: format!("token:{}", scope.as_str()),
             scope,
             any_owner: scope == Scope::Admin,
+            uid: None,
         });
     }
     match request.extensions().get::<Peer>() {
-        Some(Peer::Unix { uid: 0, .. }) => Some(Caller::admin("uid:0".into())),
+        Some(Peer::Unix { uid, .. }) if *uid == 0 || *uid == agent_uid => {
+            Some(Caller::admin(format!("uid:{uid}"), *uid))
+        }
         Some(Peer::Unix { uid, .. }) => Some(Caller {
             principal: format!("uid:{uid}"),
             scope: Scope::Task,
             any_owner: false,
+            uid: Some(*uid),
         }),
         Some(Peer::Tcp(_)) | None if tokens.any() => None,
-        // No token configured: open, as before scopes, but an anonymous
-        // caller ends only the tasks anonymous callers registered.
+        // No token configured: TCP reads, and changes nothing. Every
+        // local user reaches 127.0.0.1, and the kernel does not say which
+        // one called; the socket does.
         Some(Peer::Tcp(_)) | None => Some(Caller {
             principal: ANONYMOUS.into(),
-            scope: Scope::Admin,
+            scope: Scope::Read,
             any_owner: false,
+            uid: None,
         }),
     }
 }

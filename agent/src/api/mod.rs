@@ -4,6 +4,7 @@ pub(crate) mod auth;
 mod events;
 pub(crate) mod health;
 mod metrics;
+pub(crate) mod owned;
 pub(crate) mod serve;
 pub(crate) mod socket;
 mod status;
@@ -43,8 +44,14 @@ pub(crate) struct AppState {
     pub registry: Registry,
     pub probe: Arc<Mutex<ProbeState>>,
     pub monitor: Arc<Monitor>,
-    /// The tokens of the scopes (none: open on loopback, as before scopes).
+    /// The tokens of the scopes (none: TCP reads only; changes go through
+    /// the socket).
     pub tokens: Tokens,
+    /// The uid the agent runs as: admin on the local socket, as root is.
+    pub agent_uid: u32,
+    /// Who owns a process or a cgroup: what a user on the socket may
+    /// register (owned.rs).
+    pub owners: Arc<dyn owned::Owners>,
     /// Whether the local socket is served (shown on `/v1/status`).
     pub socket: Option<SocketStatus>,
     /// The full state for `/v1/status`.
@@ -69,6 +76,7 @@ pub(crate) fn router(state: AppState) -> Router {
         routes.route_layer(middleware::from_fn_with_state(
             Guard {
                 tokens: state.tokens.clone(),
+                agent_uid: state.agent_uid,
                 needs,
             },
             auth::guard,

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     ApiError, AppState,
-    auth::{Caller, Peer},
+    auth::{Caller, Peer, Scope},
+    owned,
 };
 use crate::{
     model::spec::{MemorySource, TaskOutcome, TaskRequest},
@@ -58,7 +59,7 @@ pub(crate) async fn create(
     body: Result<Json<NewTask>, JsonRejection>,
 ) -> Result<(StatusCode, Json<TaskAnswer>), ApiError> {
     let Json(task) = body.map_err(json_error)?;
-    let request = validate(task, &state.monitor.cgroup_root(), caller.principal)?;
+    let request = checked(&state, task, caller).await?;
     let task_id = request.task_id.clone();
     let registration = state.monitor.register(request).map_err(watchdog_error)?;
     // Before the answer: `memwatch exec` starts its workload only then.
@@ -133,6 +134,32 @@ pub(crate) async fn reset(
     ))
 }
 
+/// [`validate`], then, for a caller on the socket below admin, that the
+/// source is its own (owned.rs): off the runtime, since both read the file
+/// system and `/proc` (a hung mount must not stall every request).
+async fn checked(state: &AppState, task: NewTask, caller: Caller) -> Result<TaskRequest, ApiError> {
+    let root = state.monitor.cgroup_root();
+    let workers: Vec<PathBuf> = state
+        .monitor
+        .workers()
+        .into_iter()
+        .filter_map(|w| w.cgroup.map(PathBuf::from))
+        .collect();
+    let owners = state.owners.clone();
+    let user = caller.uid.filter(|_| caller.scope < Scope::Admin);
+    tokio::task::spawn_blocking(move || {
+        let request = validate(task, &root, caller.principal)?;
+        if let (Some(uid), Some(source)) = (user, &request.source) {
+            let workers: Vec<&std::path::Path> = workers.iter().map(PathBuf::as_path).collect();
+            owned::may_register(owners.as_ref(), uid, source, &root, &workers)
+                .map_err(|reason| ApiError::new(StatusCode::FORBIDDEN, reason))?;
+        }
+        Ok(request)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
 /// Checks everything before the watchdog sees the request, so a bad one
 /// changes nothing.
 fn validate(
@@ -201,6 +228,7 @@ fn watchdog_error(error: WatchdogError) -> ApiError {
         }
         WatchdogError::TooManyTasks { .. } => StatusCode::TOO_MANY_REQUESTS,
         WatchdogError::NotOwner { .. } => StatusCode::FORBIDDEN,
+        WatchdogError::TaskTaken { .. } => StatusCode::CONFLICT,
     };
     ApiError::new(status, error.to_string())
 }

@@ -19,6 +19,8 @@ fn state() -> AppState {
 }
 
 pub(crate) const MIB: u64 = 1 << 20;
+/// The uid the agent of these tests runs as (admin on the socket, as root).
+pub(crate) const AGENT_UID: u32 = 4_000_000;
 
 /// One worker `w1` (cgroup /cg/w1, soft cap 200 MiB) read from `reader`.
 fn state_with(reader: FakeReader, token: Option<&str>) -> AppState {
@@ -66,6 +68,8 @@ pub(crate) fn state_with_tokens(reader: FakeReader, tokens: auth::Tokens) -> App
         probe,
         monitor,
         tokens,
+        agent_uid: AGENT_UID,
+        owners: Arc::new(owned::tests::FakeOwners::default()),
         socket: None,
         job_proofs: None,
     }
@@ -215,18 +219,41 @@ async fn unknown_route_is_404_json() {
     assert!(body.contains("no such route"));
 }
 
-/// Sends a request with an optional body, content type and token.
+/// A request from root on the local socket (an operator: admin), as the
+/// route tests call when they send no token: over TCP with no token, a
+/// caller only reads.
+pub(crate) fn as_operator(req: axum::http::request::Builder) -> axum::http::request::Builder {
+    req.extension(auth::Peer::Unix { uid: 0, pid: None })
+}
+
+/// Who sends a route test's request.
+#[derive(Clone, Copy)]
+enum By {
+    /// Root on the local socket ([`as_operator`]).
+    Operator,
+    /// A TCP client with no token.
+    Tcp,
+    /// A TCP client with this bearer token.
+    Token(&'static str),
+}
+
+/// Sends a request with an optional body and content type, `by` a caller.
 async fn send(
     state: &AppState,
     method: &str,
     uri: &str,
     body: Option<(&str, &str)>,
-    token: Option<&str>,
+    by: By,
 ) -> (StatusCode, serde_json::Value) {
     let mut req = Request::builder().method(method).uri(uri);
-    if let Some(token) = token {
-        req = req.header("authorization", format!("Bearer {token}"));
-    }
+    let tcp = auth::Peer::Tcp(([127, 0, 0, 1], 40000).into());
+    req = match by {
+        By::Operator => as_operator(req),
+        By::Tcp => req.extension(tcp),
+        By::Token(token) => req
+            .header("authorization", format!("Bearer {token}"))
+            .extension(tcp),
+    };
     let req = match body {
         Some((content_type, text)) => req
             .header("content-type", content_type)
@@ -257,7 +284,7 @@ async fn task_on_a_clean_worker_is_201_and_listed() {
         "POST",
         "/v1/tasks",
         Some((JSON, r#"{"task_id":"t1"}"#)),
-        None,
+        By::Operator,
     )
     .await;
     assert_eq!(code, StatusCode::CREATED, "{json}");
@@ -268,10 +295,17 @@ async fn task_on_a_clean_worker_is_201_and_listed() {
     assert_eq!(status["tasks"][0]["task_id"], "t1");
     assert_eq!(status["workers"][0]["running_tasks"], 1);
 
-    let (code, json) = send(&state, "DELETE", "/v1/tasks/t1?exit_code=0", None, None).await;
+    let (code, json) = send(
+        &state,
+        "DELETE",
+        "/v1/tasks/t1?exit_code=0",
+        None,
+        By::Operator,
+    )
+    .await;
     assert_eq!(code, StatusCode::OK, "{json}");
     assert_eq!(json["outcome"]["outcome"], "ended");
-    let (code, _) = send(&state, "DELETE", "/v1/tasks/nope", None, None).await;
+    let (code, _) = send(&state, "DELETE", "/v1/tasks/nope", None, By::Operator).await;
     assert_eq!(code, StatusCode::NOT_FOUND);
 }
 
@@ -284,7 +318,7 @@ async fn residual_over_cap_is_409_and_health_503_until_reset() {
         "POST",
         "/v1/tasks",
         Some((JSON, r#"{"task_id":"t1"}"#)),
-        None,
+        By::Operator,
     )
     .await;
     assert_eq!(code, StatusCode::CONFLICT, "{json}");
@@ -321,10 +355,10 @@ async fn residual_over_cap_is_409_and_health_503_until_reset() {
     let kinds: Vec<_> = events.iter().map(|e| e.body.kind).collect();
     assert_eq!(kinds, [EventKind::WorkerUnhealthy, EventKind::TaskRejected]);
 
-    let (code, _) = send(&state, "POST", "/v1/workers/w1/reset", None, None).await;
+    let (code, _) = send(&state, "POST", "/v1/workers/w1/reset", None, By::Operator).await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(get(&state, "/health").await.0, StatusCode::OK);
-    let (code, _) = send(&state, "POST", "/v1/workers/nope/reset", None, None).await;
+    let (code, _) = send(&state, "POST", "/v1/workers/nope/reset", None, By::Operator).await;
     assert_eq!(code, StatusCode::NOT_FOUND);
 
     let (_, metrics) = get(&state, "/metrics").await;
@@ -395,9 +429,9 @@ async fn bad_task_requests_are_rejected_and_change_nothing() {
     ];
     for (content_type, body, expected) in cases {
         let (code, json) = match content_type {
-            Some(ct) => send(&state, "POST", "/v1/tasks", Some((ct, body)), None).await,
+            Some(ct) => send(&state, "POST", "/v1/tasks", Some((ct, body)), By::Operator).await,
             None => {
-                let req = Request::post("/v1/tasks")
+                let req = as_operator(Request::post("/v1/tasks"))
                     .body(Body::from(body.to_string()))
                     .unwrap();
                 let r = router(state.clone()).oneshot(req).await.unwrap();
@@ -423,7 +457,7 @@ async fn bad_task_requests_are_rejected_and_change_nothing() {
 async fn mutating_routes_need_the_token_when_one_is_set() {
     let state = state_with(reader(50 * MIB), Some("s3cret"));
     let body = Some((JSON, r#"{"task_id":"t1"}"#));
-    for token in [None, Some("wrong")] {
+    for token in [By::Tcp, By::Token("wrong")] {
         let (code, json) = send(&state, "POST", "/v1/tasks", body, token).await;
         assert_eq!(code, StatusCode::UNAUTHORIZED, "{json}");
         assert_eq!(
@@ -439,7 +473,7 @@ async fn mutating_routes_need_the_token_when_one_is_set() {
     }
     assert!(state.monitor.tasks().is_empty());
     assert_eq!(
-        send(&state, "POST", "/v1/tasks", body, Some("s3cret"))
+        send(&state, "POST", "/v1/tasks", body, By::Token("s3cret"))
             .await
             .0,
         StatusCode::CREATED
@@ -516,7 +550,7 @@ async fn a_write_says_when_its_events_could_not_be_stored() {
     let outbox = Outbox::open(dir.path(), "test-host", Default::default(), metrics).unwrap();
     state.outbox = outbox.clone();
     let post = |task: &str| {
-        Request::post("/v1/tasks")
+        as_operator(Request::post("/v1/tasks"))
             .header("content-type", JSON)
             .body(Body::from(format!(r#"{{"task_id":"{task}"}}"#)))
             .unwrap()

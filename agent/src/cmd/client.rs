@@ -214,7 +214,12 @@ impl AgentClient {
         };
         match answer.status {
             StatusCode::CREATED | StatusCode::OK => Ok(Registered::Accepted(parsed()?)),
-            StatusCode::CONFLICT => Ok(Registered::Rejected(parsed()?)),
+            // 409 is a verdict (`rejected`), or a task id another caller
+            // holds (an error, no verdict).
+            StatusCode::CONFLICT => match parsed() {
+                Ok(answer) => Ok(Registered::Rejected(answer)),
+                Err(_) => bail!("agent refused the registration (409): {}", answer.text()),
+            },
             other => bail!(
                 "agent refused the registration ({other}): {}",
                 answer.text()

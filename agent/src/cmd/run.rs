@@ -70,6 +70,9 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
             config.task_token.as_deref(),
             config.read_token.as_deref(),
         ),
+        // SAFETY: geteuid(2) cannot fail and touches no memory.
+        agent_uid: unsafe { libc::geteuid() },
+        owners: std::sync::Arc::new(api::owned::HostOwners),
         socket: socket_status,
         status: daemon.status().clone(),
         liveness: daemon.liveness().clone(),

@@ -1,7 +1,7 @@
 //! `memwatch top`: a live view of the local agent, refreshed every second:
 //! the verdict and its reasons, each worker and task with its memory, soft
-//! cap, growth rate and trend, health, and the last events; what needs
-//! attention first. Keys: `s` sort, `f` filter by worker, `p` pause, `q`
+//! cap, growth rate and trend, the seconds to a predicted OOM kill (ETA),
+//! health, and the last events; what needs attention first. Keys: `s` sort, `f` filter by worker, `p` pause, `q`
 //! quit. When the output is not a terminal it prints plain lines instead
 //! (one screen per refresh), for logs and `watch`.
 //!
@@ -78,7 +78,9 @@ pub(crate) struct Row {
     /// Bytes per second over the last samples; `None` with fewer than two.
     pub rate: Option<f64>,
     pub trend: String,
-    /// `unhealthy`, `flagged`, `growing`, `ok`, …
+    /// Seconds to the predicted OOM kill, where the agent predicts one.
+    pub eta: Option<f64>,
+    /// `unhealthy`, `imminent`, `flagged`, `growing`, `ok`, …
     pub state: String,
     /// Larger: more in need of a look.
     attention: u8,
@@ -238,13 +240,16 @@ impl Top {
                 soft_cap: w.soft_cap_bytes,
                 rate,
                 trend,
+                eta: None,
                 state,
                 attention,
             });
         }
         for t in &status.tasks {
             let (rate, trend) = self.trend(&format!("t/{}", t.task_id));
-            let (state, attention) = if t.flagged.is_some() {
+            let (state, attention) = if t.eta_seconds.is_some() {
+                ("imminent", 4)
+            } else if t.flagged.is_some() {
                 ("flagged", 3)
             } else if t.growing {
                 ("growing", 1)
@@ -259,6 +264,7 @@ impl Top {
                 soft_cap: t.soft_cap_bytes,
                 rate,
                 trend,
+                eta: t.eta_seconds,
                 state: state.into(),
                 attention,
             });
@@ -271,10 +277,12 @@ impl Top {
             _ => 0.0,
         };
         let rate = |r: &Row| r.rate.unwrap_or(0.0);
+        let eta = |r: &Row| r.eta.unwrap_or(f64::INFINITY);
         rows.sort_by(|a, b| match self.sort {
             Sort::Attention => b
                 .attention
                 .cmp(&a.attention)
+                .then(eta(a).total_cmp(&eta(b)))
                 .then(rate(b).total_cmp(&rate(a)))
                 .then(fullness(b).total_cmp(&fullness(a)))
                 .then(a.name.cmp(&b.name)),
@@ -307,8 +315,8 @@ impl Top {
         }
         out.push(String::new());
         out.push(format!(
-            "{:<20} {:<10} {:>10} {:>10} {:>10} {:<8} {}",
-            "NAME", "WORKER", "MEMORY", "SOFT CAP", "RATE/s", "TREND", "STATE"
+            "{:<9} {:<15} {:<8} {:>10} {:>9} {:>9} {:<8} {:>5}",
+            "STATE", "NAME", "WORKER", "MEMORY", "SOFT CAP", "RATE/s", "TREND", "ETA"
         ));
         let rows = self.rows();
         let room = height.saturating_sub(out.len() + EVENTS + 3);
@@ -320,14 +328,15 @@ impl Top {
                 r.name.clone()
             };
             out.push(format!(
-                "{:<20} {:<10} {:>10} {:>10} {:>10} {:<8} {}",
-                cut(&name, 20),
-                cut(&r.worker, 10),
+                "{:<9} {:<15} {:<8} {:>10} {:>9} {:>9} {:<8} {:>5}",
+                r.state,
+                cut(&name, 15),
+                cut(&r.worker, 8),
                 size(r.memory),
                 size(r.soft_cap),
                 r.rate.map_or("-".into(), signed_bytes),
                 r.trend,
-                r.state
+                r.eta.map_or("-".into(), |s| format!("{s:.0}s")),
             ));
         }
         if rows.len() > room {

@@ -3,6 +3,7 @@
 //! with the offending key named.
 
 mod kubernetes;
+mod token_file;
 
 use std::{
     fs,
@@ -14,6 +15,7 @@ use std::{
 use serde::Deserialize;
 
 pub(crate) use self::kubernetes::Kubernetes;
+use self::token_file::token_file;
 use crate::{
     model::{
         spec::{
@@ -35,7 +37,7 @@ pub(crate) const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 /// Default API address: loopback only, so nothing is exposed by accident.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:9750";
 /// Default local API socket: callers known by their uid, no token needed.
-pub(crate) const DEFAULT_SOCKET: &str = "/run/memwatch/api.sock";
+pub const DEFAULT_SOCKET: &str = "/run/memwatch/api.sock";
 
 /// The agent's settings after every source is merged.
 #[derive(Clone, Debug, PartialEq)]
@@ -602,18 +604,6 @@ impl From<InvalidKey> for ConfigError {
             problem: e.problem,
         }
     }
-}
-
-/// The token in `path` (surrounding whitespace trimmed): the file named by
-/// `key`; an error naming `key` when it cannot be read or is empty.
-fn token_file(key: &str, path: &Path) -> Result<String, ConfigError> {
-    let text = fs::read_to_string(path)
-        .map_err(|e| invalid(key, format!("cannot be read ({}): {e}", path.display())))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(invalid(key, format!("{} is empty", path.display())));
-    }
-    Ok(token.to_string())
 }
 
 /// `api_token` or the first line of `api_token_file`; not both.

@@ -433,7 +433,7 @@ fn listening_beyond_loopback_needs_a_token() {
     // The flag's file wins over the config file's token.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
-    std::fs::write(&token, "from-the-file\n").unwrap();
+    private(&token, "from-the-file\n");
     let f = file("listen = \"0.0.0.0:9750\"\n");
     let flags = Overrides {
         api_token_file: Some(token),
@@ -447,9 +447,45 @@ fn listening_beyond_loopback_needs_a_token() {
 fn token_files(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for (name, text) in files {
-        fs::write(dir.path().join(name), text).unwrap();
+        private(&dir.path().join(name), text);
     }
     dir
+}
+
+/// A token file as it must be: mode 0600, the test's own.
+fn private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::write(path, text).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// A token file others may read is refused at start, naming the key, the
+/// file and its mode; nothing is read from it.
+#[test]
+fn a_token_file_open_to_others_is_refused_naming_key_file_and_mode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = token_files(&[("token", "s3cret\n")]);
+    let path = dir.path().join("token");
+    for key in ["api_token_file", "task_token_file", "read_token_file"] {
+        for mode in [0o644, 0o640, 0o604] {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            let f = file(&format!("{key} = \"{}\"\n", path.display()));
+            let text = Config::load(Some(f.path()), &Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(text.contains(&format!("`{key}` ")), "{text}");
+            assert!(text.contains(&path.display().to_string()), "{text}");
+            assert!(text.contains(&format!("mode {mode:04o}")), "{text}");
+            assert!(!text.contains("s3cret"), "never the token: {text}");
+        }
+    }
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    let flags = Overrides {
+        api_token_file: Some(path.clone()),
+        ..Overrides::default()
+    };
+    let c = Config::load(None, &flags).unwrap();
+    assert_eq!(c.api_token.as_deref(), Some("s3cret"));
 }
 
 #[test]

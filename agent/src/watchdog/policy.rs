@@ -57,6 +57,8 @@ pub(crate) struct Registration {
     pub admission: Admission,
     pub worker: String,
     pub events: Vec<EventBody>,
+    /// A retry of a running task by its owner: nothing was changed.
+    pub again: bool,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +73,11 @@ pub(crate) enum WatchdogError {
     TooManyTasks { worker: String, limit: usize },
     #[error("task `{task_id}` was registered by `{owner}`; only it or an admin may end it")]
     NotOwner { task_id: String, owner: String },
+    #[error(
+        "task `{task_id}` is running, registered by `{owner}`: a task id belongs to its \
+         first caller; choose another id"
+    )]
+    TaskTaken { task_id: String, owner: String },
 }
 
 pub(crate) struct Watchdog {
@@ -97,6 +104,7 @@ fn again(existing: &TaskState) -> Registration {
         },
         worker: existing.worker.clone(),
         events: Vec::new(),
+        again: true,
     }
 }
 
@@ -216,6 +224,14 @@ impl Watchdog {
     ) -> Result<Registration, WatchdogError> {
         let worker_name = self.resolve_worker(req.worker.as_deref())?;
         if let Some(existing) = self.tasks.get(&req.task_id) {
+            // Its owner's retry answers the same; anyone else's changes
+            // nothing (not the task, its kept row, nor a proof of it).
+            if existing.owner != req.owner {
+                return Err(WatchdogError::TaskTaken {
+                    task_id: req.task_id,
+                    owner: existing.owner.clone(),
+                });
+            }
             return Ok(again(existing));
         }
         self.check_room(&worker_name)?;
@@ -257,6 +273,7 @@ impl Watchdog {
                     admission: Admission::Rejected { reason },
                     worker: worker_name,
                     events,
+                    again: false,
                 });
             }
         };
@@ -281,6 +298,7 @@ impl Watchdog {
             admission,
             worker: worker_name,
             events,
+            again: false,
         })
     }
 

@@ -1,8 +1,10 @@
 //! Loopback ports and bare HTTP requests (xtask keeps no HTTP client).
 
 use std::{
-    io::{self, Read as _, Write as _},
+    io::{self, Read, Write},
     net::{TcpListener, TcpStream},
+    os::unix::net::UnixStream,
+    path::Path,
     time::Duration,
 };
 
@@ -23,9 +25,27 @@ pub fn http_get(port: u16, path: &str) -> io::Result<String> {
 /// `method path` with a JSON `body` (empty: none) over HTTP/1.0 on
 /// 127.0.0.1:`port` (5 s timeouts): the whole answer.
 pub fn http_request(port: u16, method: &str, path: &str, body: &str) -> io::Result<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    let stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    request_on(stream, method, path, body)
+}
+
+/// [`http_request`] on the agent's local socket at `socket`: the caller is
+/// known by its uid (root: admin), no token needed.
+pub fn unix_request(socket: &Path, method: &str, path: &str, body: &str) -> io::Result<String> {
+    let stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    request_on(stream, method, path, body)
+}
+
+fn request_on(
+    mut stream: impl Read + Write,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> io::Result<String> {
     write!(
         stream,
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",

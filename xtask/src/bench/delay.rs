@@ -234,12 +234,10 @@ pub(super) fn delay() -> anyhow::Result<()> {
     let release = release_bins("the delay benchmark loads the eBPF probe and makes cgroups")?;
     let receiver = Receiver::start();
     let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
-    let agent_url = agent.base_url();
+    let socket = agent.socket.clone();
 
     let oom = measure(&receiver, &OOM, |k| oom_batch(&release, k))?;
-    let soft = measure(&receiver, &SOFT, |k| {
-        soft_cap_batch(&release, &agent_url, k)
-    })?;
+    let soft = measure(&receiver, &SOFT, |k| soft_cap_batch(&release, &socket, k))?;
     let metrics = http_get(agent.port, "/metrics")?;
     drop(agent);
 
@@ -428,11 +426,12 @@ fn oom_batch(release: &Path, k: usize) -> anyhow::Result<Vec<Workload>> {
 /// The reference is memhog's own mark when it has touched 32 MiB (the
 /// kernel stamps the crossing only at its next check, and the cgroup's
 /// usage counts page cache that RSS does not).
-fn soft_cap_batch(release: &Path, agent: &str, k: usize) -> anyhow::Result<Vec<Workload>> {
+fn soft_cap_batch(release: &Path, socket: &Path, k: usize) -> anyhow::Result<Vec<Workload>> {
     let children = (0..at_once()?)
         .map(|j| {
             Command::new(release.join("memwatch"))
-                .args(["exec", "--agent", agent, "--soft-cap", "32M"])
+                .args(["exec", "--soft-cap", "32M", "--socket"])
+                .arg(socket)
                 .args(["--task-id", &format!("bench-soft-{k}-{j}"), "--"])
                 .arg(release.join("memhog"))
                 .args(["48", "2"])

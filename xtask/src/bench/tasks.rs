@@ -5,7 +5,8 @@
 //! Two workers (memory cgroups of their own) share the tasks: a worker runs
 //! at most 4,096. A cgroup task is an empty memory cgroup under its worker;
 //! a pid task is a `sleep` process. At each level, [`PROBES`] more tasks
-//! are registered one at a time over HTTP (`POST /v1/tasks`, the answer
+//! are registered one at a time over the agent's local socket, as root
+//! (`POST /v1/tasks`, the answer
 //! read: the task is admitted and its `task_started` stored) and ended
 //! again, alternately by cgroup and by pid; then, with nothing changing,
 //! the agent's CPU is read over [`WINDOW`]. Release build, default
@@ -20,7 +21,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use memwatch_test_support::{
-    http::{http_request, status_code},
+    http::{status_code, unix_request},
     stats::quantile,
 };
 
@@ -134,9 +135,9 @@ fn config(dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Registers a task; its time in ms.
-fn register(port: u16, body: &str) -> anyhow::Result<f64> {
+fn register(socket: &Path, body: &str) -> anyhow::Result<f64> {
     let start = Instant::now();
-    let answer = http_request(port, "POST", "/v1/tasks", body)?;
+    let answer = unix_request(socket, "POST", "/v1/tasks", body)?;
     let ms = start.elapsed().as_secs_f64() * 1000.0;
     if status_code(&answer) != Some(201) {
         bail!("POST /v1/tasks {body}: {answer}");
@@ -144,8 +145,8 @@ fn register(port: u16, body: &str) -> anyhow::Result<f64> {
     Ok(ms)
 }
 
-fn end(port: u16, id: &str) -> anyhow::Result<()> {
-    let answer = http_request(port, "DELETE", &format!("/v1/tasks/{id}?exit_code=0"), "")?;
+fn end(socket: &Path, id: &str) -> anyhow::Result<()> {
+    let answer = unix_request(socket, "DELETE", &format!("/v1/tasks/{id}?exit_code=0"), "")?;
     if status_code(&answer) != Some(200) {
         bail!("DELETE /v1/tasks/{id}: {answer}");
     }
@@ -167,7 +168,7 @@ pub(super) fn tasks() -> anyhow::Result<()> {
     let mut workload = Workload::new()?;
     let agent = start_agent(&bin, &["--config", &config.display().to_string()])?;
     let pid = agent.pid().context("the agent runs")?;
-    let port = agent.port;
+    let socket = agent.socket.clone();
     let ticks = clock_ticks();
     let started = Instant::now();
     let mut live = 0;
@@ -182,7 +183,7 @@ pub(super) fn tasks() -> anyhow::Result<()> {
                 break 'levels;
             }
             let body = workload.task(&format!("t{live}"), live, live % 2 == 1)?;
-            register(port, &body)?;
+            register(&socket, &body)?;
             live += 1;
         }
         eprintln!("xtask: {live} live tasks after {:?}", started.elapsed());
@@ -190,8 +191,8 @@ pub(super) fn tasks() -> anyhow::Result<()> {
         for probe in 0..PROBES {
             let id = format!("probe-{level}-{probe}");
             let body = workload.task(&id, probe, probe % 2 == 1)?;
-            times.push(register(port, &body)?);
-            end(port, &id)?;
+            times.push(register(&socket, &body)?);
+            end(&socket, &id)?;
             workload.remove_last(probe % 2 == 1);
         }
         thread::sleep(SETTLE);

@@ -91,7 +91,7 @@ fn footprint(state: &AppState) -> (Vec<String>, usize, u64) {
 }
 
 async fn post(state: &AppState, content_type: Option<&str>, body: Vec<u8>) -> (StatusCode, Value) {
-    let mut req = Request::post("/v1/tasks");
+    let mut req = as_operator(Request::post("/v1/tasks"));
     if let Some(ct) = content_type {
         req = req.header("content-type", ct);
     }
@@ -140,7 +140,7 @@ proptest! {
                     prop_assert!(state.monitor.tasks().iter().any(|t| t.task_id == id));
                     prop_assert_eq!(state.outbox.status().last_seq, before.2 + 1);
                     let uri = format!("/v1/tasks/{}", urlencode(&id));
-                    let (code, json) = send(&state, "DELETE", &uri, None, None).await;
+                    let (code, json) = send(&state, "DELETE", &uri, None, By::Operator).await;
                     prop_assert_eq!(code, StatusCode::OK, "{}: {}", uri, json);
                     prop_assert!(state.monitor.tasks().is_empty());
                 }

@@ -102,6 +102,33 @@ fn the_unhealthy_and_the_growing_come_first_with_their_rate_and_trend() {
 }
 
 #[test]
+fn a_predicted_kill_comes_first_soonest_first_with_its_eta() {
+    let mut top = growing();
+    let mut soon = task("soon", "w1", 400 << 20, true);
+    soon.eta_seconds = Some(4.2);
+    let mut later = task("later", "w1", 300 << 20, true);
+    later.eta_seconds = Some(30.0);
+    top.update(
+        10.0,
+        health(Health::Unhealthy, &[]),
+        status(
+            vec![worker("w2", Health::Unhealthy, 900 << 20, 512 << 20)],
+            vec![later, soon],
+        ),
+        &[],
+    );
+    let rows = top.rows();
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["soon", "later", "w2"]);
+    let lines = top.lines(80, 24);
+    let line = lines.iter().find(|l| l.contains("soon")).unwrap();
+    assert!(
+        line.starts_with("imminent") && line.ends_with("   4s"),
+        "{line:?}"
+    );
+}
+
+#[test]
 fn keys_sort_filter_pause_and_quit() {
     let mut top = growing();
     assert!(top.key('s'));

@@ -189,7 +189,9 @@ impl Monitor {
         let mut watchdog = self.lock();
         let now = Instant::now();
         let registration = watchdog.register(req, &sample, now)?;
+        // A retry keeps the row (and the kernel's cap) of the first call.
         if let Some(req) = kept
+            && !registration.again
             && !matches!(registration.admission, Admission::Rejected { .. })
         {
             self.recorder.outbox().save_task(&req);
@@ -207,7 +209,9 @@ impl Monitor {
                         .inc();
                 }
             }
-            (_, Some(cgroup), Some(cap)) => self.kernel.push(&task_id, &cgroup, cap),
+            (_, Some(cgroup), Some(cap)) if !registration.again => {
+                self.kernel.push(&task_id, &cgroup, cap)
+            }
             _ => {}
         }
         self.decided(&watchdog, events, now);

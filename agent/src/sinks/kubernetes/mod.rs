@@ -301,6 +301,22 @@ impl KubernetesSink {
                 "Observe",
                 format!("memwatch: {what}"),
             ),
+            // The kill predicted: the pod's owners and controllers can act
+            // (checkpoint, scale out) while the work can still be saved.
+            EventKind::OomImminent => (
+                pod().unwrap_or(node),
+                "Warning",
+                "OOMImminent",
+                "Observe",
+                format!("memwatch: {what}"),
+            ),
+            EventKind::OomAverted => (
+                pod().unwrap_or(node),
+                "Normal",
+                "OOMAverted",
+                "Observe",
+                format!("memwatch: {what}"),
+            ),
             EventKind::WorkerUnhealthy => (
                 node,
                 "Warning",
@@ -392,8 +408,17 @@ fn describe(event: &Event) -> String {
     if let Some(cap) = body.soft_cap_bytes {
         parts.push(format!("soft cap {} MiB", cap >> 20));
     }
+    if let Some(eta) = body.eta_seconds {
+        parts.push(format!("kill in {eta:.0} s"));
+    }
     if let Some(limit) = body.limit_bytes {
         parts.push(format!("limit {} MiB", limit >> 20));
+    }
+    if let Some(cgroup) = &body.limit_cgroup {
+        parts.push(format!("of {cgroup}"));
+    }
+    if body.throttled == Some(true) {
+        parts.push("throttled at memory.high".into());
     }
     if let Some(task) = &body.task_id {
         parts.push(format!("task {task}"));

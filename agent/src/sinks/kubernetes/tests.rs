@@ -399,6 +399,41 @@ async fn oom_kills_are_events_on_their_pod_deduplicated_and_rate_limited() {
 }
 
 #[tokio::test]
+async fn a_predicted_kill_is_a_warning_on_its_pod_and_its_end_a_normal_one() {
+    let mut h = Harness::new(&[NODE]).await;
+    let mut sink = h.sink();
+    let pod = |h: &mut Harness, kind: EventKind| {
+        let mut e = h.oom(Some(("shop", "cart-7d9f")));
+        e.body.kind = kind;
+        e.body.pid = None;
+        e.body.comm = None;
+        e.body.eta_seconds = Some(12.4);
+        e.body.limit_bytes = Some(512 << 20);
+        e
+    };
+    let imminent = pod(&mut h, EventKind::OomImminent);
+    let averted = pod(&mut h, EventKind::OomAverted);
+    sink.send(&[imminent, averted]).await.unwrap();
+    let c = h.fake.cluster();
+    let warned = c.events_of("OOMImminent");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let e = &warned[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["regarding"]["kind"], "Pod");
+    assert_eq!(e["regarding"]["name"], "cart-7d9f");
+    let note = e["note"].as_str().unwrap();
+    assert!(
+        note.contains("oom imminent")
+            && note.contains("kill in 12 s")
+            && note.contains("limit 512 MiB"),
+        "{note}"
+    );
+    let ended = c.events_of("OOMAverted");
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0]["type"], "Normal");
+}
+
+#[tokio::test]
 async fn pods_are_named_from_the_watch_and_by_uid_alone_without_it() {
     let h = Harness::new(&[NODE]).await;
     h.fake

@@ -188,11 +188,24 @@ impl SlurmSink {
         })
     }
 
+    /// Writes the state whole, durably: a temporary file, synced, renamed
+    /// over the old one, and the directory synced, so a crash or a power
+    /// loss leaves the old state or the new, never an empty file nor a
+    /// rename the disk has not kept.
     fn save(&self) -> Result<(), SendError> {
         let write = || -> io::Result<()> {
+            use std::io::Write as _;
             let tmp = self.path.with_extension("json.tmp");
-            fs::write(&tmp, serde_json::to_vec_pretty(&self.state)?)?;
-            fs::rename(&tmp, &self.path)
+            let mut file = fs::File::create(&tmp)?;
+            file.write_all(&serde_json::to_vec_pretty(&self.state)?)?;
+            file.sync_all()?;
+            drop(file);
+            fs::rename(&tmp, &self.path)?;
+            let dir = match self.path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            fs::File::open(dir)?.sync_all()
         };
         write().map_err(|e| {
             SendError::new(

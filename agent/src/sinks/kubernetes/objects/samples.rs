@@ -64,6 +64,14 @@ fn events() -> Vec<(&'static str, &'static str, Value)> {
             "Memory cgroup out of memory: killed process 4242 (python3), total-vm 2.0 GiB",
         ),
         (
+            "event-imminent-pod",
+            pod.clone(),
+            "Warning",
+            "OOMImminent",
+            "Observe",
+            "memwatch: oom imminent, kill in 12 s, limit 512 MiB, task t1, worker w1",
+        ),
+        (
             "event-soft-cap-pod",
             pod,
             "Warning",
@@ -88,7 +96,7 @@ fn events() -> Vec<(&'static str, &'static str, Value)> {
             "worker w1 recovered",
         ),
     ];
-    let ids = ["0193a0b4-7c1e-7a2b-9c3d-4e5f60718293", "2", "3", "4"];
+    let ids = ["0193a0b4-7c1e-7a2b-9c3d-4e5f60718293", "5", "2", "3", "4"];
     let mut all: Vec<_> = kinds
         .into_iter()
         .zip(ids)
