@@ -19,7 +19,7 @@ use crate::{
     cgroup::{MemoryHierarchy, OwnedCgroup},
     cmd::ExecArgs,
     cmd::client::{AgentClient, Registered},
-    cmd::warn::{self, WarnPolicy, WarnSignal},
+    cmd::warn::{self, Cursor, WarnPolicy, WarnSignal},
     daemon::status::AgentStatus,
 };
 
@@ -53,7 +53,10 @@ pub(crate) async fn exec(args: &ExecArgs) -> u8 {
     };
     // Events after this seq are the task's own (read before registering,
     // so none of them is missed).
-    let after = status.outbox.last_seq;
+    let cursor = Cursor {
+        epoch: status.outbox.epoch.clone(),
+        after: status.outbox.last_seq,
+    };
     let cgroup = match make_cgroup(parent.join(cgroup_name(&task_id)), args.hard_cap) {
         Ok(cgroup) => cgroup,
         Err(error) => {
@@ -90,7 +93,7 @@ pub(crate) async fn exec(args: &ExecArgs) -> u8 {
         client: &client,
         task_id: &task_id,
         signal,
-        after,
+        cursor,
     });
     let (code, oom_killed) = match run_in(&cgroup, &args.command, warner).await {
         Ok(status) => {
@@ -125,7 +128,7 @@ struct Warner<'a> {
     task_id: &'a str,
     signal: &'a WarnSignal,
     /// The outbox's last seq before the task was registered.
-    after: u64,
+    cursor: Cursor,
 }
 
 impl Warner<'_> {
@@ -134,7 +137,7 @@ impl Warner<'_> {
     /// is still the child's.
     async fn run(self, pid: i32, program: &str) -> Infallible {
         let policy = WarnPolicy::new(self.task_id);
-        warn::follow(self.client, policy, self.after, |eta| {
+        warn::follow(self.client, policy, self.cursor, |eta| {
             // SAFETY: kill(2) to our own child, not yet reaped.
             let sent = unsafe { libc::kill(pid, self.signal.number) } == 0;
             let eta = if eta.is_finite() {

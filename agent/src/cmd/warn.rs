@@ -123,33 +123,65 @@ impl WarnPolicy {
     }
 }
 
-/// Where the follower reads events from (the agent's `GET /v1/events`).
+/// Where the follower reads events from (the agent's `GET /v1/events`, and
+/// its outbox's epoch on `GET /v1/status`).
 pub(crate) trait EventSource {
     fn events(&self, after: u64, limit: u64) -> impl Future<Output = anyhow::Result<Vec<Event>>>;
+    /// The outbox's epoch: seqs are comparable only within one.
+    fn epoch(&self) -> impl Future<Output = anyhow::Result<String>>;
 }
 
 impl EventSource for super::client::AgentClient {
     fn events(&self, after: u64, limit: u64) -> impl Future<Output = anyhow::Result<Vec<Event>>> {
         super::client::AgentClient::events(self, after, limit)
     }
+
+    async fn epoch(&self) -> anyhow::Result<String> {
+        Ok(self.status().await?.outbox.epoch)
+    }
 }
 
-/// Follows the events after seq `after` for ever, calling `warn(eta)` when
+/// Where the follower is in the agent's outbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub epoch: String,
+    /// The last seq seen (at the start: the outbox's last before the task
+    /// was registered).
+    pub after: u64,
+}
+
+/// `fut`, or an error once [`REQUEST_TIMEOUT`] has passed.
+async fn bounded<T>(fut: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::time::timeout(REQUEST_TIMEOUT, fut)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {REQUEST_TIMEOUT:?}")))
+}
+
+/// Follows the events after `cursor` for ever, calling `warn(eta)` when
 /// the policy says so. Polls every [`POLL_INTERVAL`] (at once again when a
 /// page came back full); while the agent does not answer, says so once on
-/// stderr and retries with a doubling pause up to [`MAX_BACKOFF`].
+/// stderr and retries with a doubling pause up to [`MAX_BACKOFF`]. Back,
+/// the agent may have a new outbox (a corrupt one set aside): its epoch is
+/// checked first, and in a new one every event is new.
 pub(crate) async fn follow(
     source: &impl EventSource,
     mut policy: WarnPolicy,
-    mut after: u64,
+    mut cursor: Cursor,
     mut warn: impl FnMut(f64),
 ) -> Infallible {
     let mut backoff = POLL_INTERVAL;
     let mut down = false;
     loop {
-        let answer = tokio::time::timeout(REQUEST_TIMEOUT, source.events(after, PAGE))
-            .await
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {REQUEST_TIMEOUT:?}")));
+        let answer = async {
+            if down {
+                let epoch = bounded(source.epoch()).await?;
+                if epoch != cursor.epoch {
+                    cursor = Cursor { epoch, after: 0 };
+                }
+            }
+            bounded(source.events(cursor.after, PAGE)).await
+        }
+        .await;
         let pause = match answer {
             Ok(page) => {
                 if down {
@@ -159,7 +191,7 @@ pub(crate) async fn follow(
                 backoff = POLL_INTERVAL;
                 let full = page.len() as u64 >= PAGE;
                 for event in &page {
-                    after = after.max(event.seq);
+                    cursor.after = cursor.after.max(event.seq);
                     if let Some(eta) = policy.on_event(event) {
                         warn(eta);
                     }

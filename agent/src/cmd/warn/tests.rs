@@ -99,6 +99,8 @@ enum Step {
 struct Script {
     steps: RefCell<VecDeque<Step>>,
     asked: RefCell<Vec<(u64, Instant)>>,
+    /// The outbox's epoch it answers.
+    epoch: RefCell<String>,
 }
 
 impl Script {
@@ -106,6 +108,7 @@ impl Script {
         Self {
             steps: RefCell::new(steps.into()),
             asked: RefCell::new(Vec::new()),
+            epoch: RefCell::new("e1".into()),
         }
     }
 }
@@ -124,6 +127,10 @@ impl EventSource for Script {
             }
         }
     }
+
+    async fn epoch(&self) -> anyhow::Result<String> {
+        Ok(self.epoch.borrow().clone())
+    }
 }
 
 /// Runs the follower on `script` for `run` (paused clock) and returns when
@@ -132,7 +139,11 @@ async fn follow_for(script: &Script, after: u64, run: Duration) -> Vec<(Duration
     let start = Instant::now();
     let warned = RefCell::new(Vec::new());
     {
-        let follower = pin!(follow(script, WarnPolicy::new("t1"), after, |eta| {
+        let cursor = Cursor {
+            epoch: "e1".into(),
+            after,
+        };
+        let follower = pin!(follow(script, WarnPolicy::new("t1"), cursor, |eta| {
             warned.borrow_mut().push((start.elapsed(), eta));
         }));
         tokio::select! {
@@ -224,4 +235,23 @@ async fn a_new_episode_after_averted_warns_again() {
     ]);
     let warned = follow_for(&script, 0, Duration::from_secs(1)).await;
     assert_eq!(warned, [(Duration::ZERO, 9.0), (POLL_INTERVAL * 2, 4.0)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn back_from_down_with_a_new_outbox_it_reads_that_one_from_its_start() {
+    let script = Script::new(vec![Step::Down, Step::Page(vec![imminent(2, "t1", 8.0)])]);
+    *script.epoch.borrow_mut() = "e2".into();
+    let warned = follow_for(&script, 900, Duration::from_secs(1)).await;
+    assert_eq!(warned, [(POLL_INTERVAL, 8.0)]);
+    let asked: Vec<u64> = script.asked.borrow().iter().map(|(a, _)| *a).collect();
+    assert_eq!(asked[..3], [900, 0, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn back_from_down_with_the_same_outbox_it_goes_on_where_it_was() {
+    let script = Script::new(vec![Step::Down, Step::Page(vec![imminent(901, "t1", 8.0)])]);
+    let warned = follow_for(&script, 900, Duration::from_secs(1)).await;
+    assert_eq!(warned, [(POLL_INTERVAL, 8.0)]);
+    let asked: Vec<u64> = script.asked.borrow().iter().map(|(a, _)| *a).collect();
+    assert_eq!(asked[..3], [900, 900, 901]);
 }
