@@ -27,7 +27,9 @@ async fn the_child_is_signalled_seconds_before_its_oom_kill() {
 
     // 400 MiB at 10 MiB/s under a 256 MiB cap: the kill comes after ~26 s.
     let exec = tokio::process::Command::new(workspace_bin("memwatch"))
-        .args(["exec", "--agent", &agent.base_url, "--worker", "w1"])
+        .args(["exec", "--socket"])
+        .arg(agent.socket())
+        .args(["--worker", "w1"])
         .args(["--task-id", TASK, "--hard-cap", "256MiB"])
         .args(["--warn-signal", "SIGUSR1", "--"])
         .arg(workspace_bin("memhog"))
