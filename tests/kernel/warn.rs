@@ -1,7 +1,8 @@
 //! `memwatch exec --warn-signal` against the real kernel: a child leaking
 //! ~10 MiB/s under a 256 MiB hard cap gets SIGUSR1 from exec, on the
-//! agent's `oom_imminent`, seconds before the real OOM kill. Root only;
-//! never skipped in CI.
+//! agent's `oom_imminent`, seconds before the real OOM kill; and the agent
+//! going away while exec follows it neither kills nor stalls the child.
+//! Root only; never skipped in CI.
 
 use std::{process::Stdio, time::Duration};
 
@@ -90,4 +91,61 @@ async fn the_child_is_signalled_seconds_before_its_oom_kill() {
     };
     assert!(ours(EventKind::OomImminent), "{events:#?}");
     assert!(ours(EventKind::OomKill), "{events:#?}");
+}
+
+#[tokio::test]
+async fn the_agent_going_away_neither_kills_nor_stalls_the_child() {
+    if !kernel_tests_enabled("the_agent_going_away_neither_kills_nor_stalls_the_child") {
+        return;
+    }
+    let worker = TestCgroup::create("warn-down");
+    let mut agent = Agent::start_with_config(&format!(
+        "[[worker]]\nname = \"w1\"\ncgroup = \"{}\"\n",
+        worker.path_str()
+    ))
+    .await;
+    let started = std::time::Instant::now();
+    let exec = tokio::process::Command::new(workspace_bin("memwatch"))
+        .args(["exec", "--socket"])
+        .arg(agent.socket())
+        .args(["--worker", "w1", "--task-id", "t-down"])
+        .args(["--warn-signal", "USR1", "--"])
+        .args(["sh", "-c", "sleep 6; exit 7"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run memwatch exec");
+    // Stop the agent once the task is registered (exec follows it by then).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = agent.get("/v1/status").await;
+        if body.contains("\"t-down\"") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "t-down never registered: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent.kill();
+    let out = tokio::time::timeout(Duration::from_secs(60), exec.wait_with_output())
+        .await
+        .expect("exec stalled after the agent went away")
+        .expect("wait for memwatch exec");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // CMD's own status: neither signalled nor killed.
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert_eq!(
+        stderr.matches("cannot follow the agent's events").count(),
+        1,
+        "said once:\n{stderr}"
+    );
+    // Generous: `sleep 6` plus at most one bounded request and a pause.
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(40),
+        "exec took {took:?}:\n{stderr}"
+    );
 }
