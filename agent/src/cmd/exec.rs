@@ -139,24 +139,25 @@ impl Warner<'_> {
         let policy = WarnPolicy::new(self.task_id);
         warn::follow(self.client, policy, self.cursor, |eta| {
             // SAFETY: kill(2) to our own child, not yet reaped.
-            let sent = unsafe { libc::kill(pid, self.signal.number) } == 0;
+            let sent = match unsafe { libc::kill(pid, self.signal.number) } {
+                0 => Ok(()),
+                _ => Err(io::Error::last_os_error()),
+            };
             let eta = if eta.is_finite() {
                 format!("ETA {eta:.1} s")
             } else {
                 "no ETA".to_string()
             };
-            if sent {
-                eprintln!(
+            match sent {
+                Ok(()) => eprintln!(
                     "memwatch: sent {} to {program} (pid {pid}): its kill is imminent, {eta} \
                      (task {})",
                     self.signal.name, self.task_id
-                );
-            } else {
-                eprintln!(
-                    "memwatch: could not send {} to {program} (pid {pid}) ({eta}): {}",
-                    self.signal.name,
-                    io::Error::last_os_error()
-                );
+                ),
+                Err(error) => eprintln!(
+                    "memwatch: could not send {} to {program} (pid {pid}) ({eta}): {error}",
+                    self.signal.name
+                ),
             }
         })
         .await
