@@ -2,10 +2,13 @@
 //! cgroup, registered with the local agent, and reports how it ended.
 
 use std::{
+    convert::Infallible,
     fs::OpenOptions,
+    future::pending,
     io,
     os::{fd::AsRawFd as _, unix::process::ExitStatusExt as _},
     path::PathBuf,
+    pin::pin,
     process::ExitStatus,
 };
 
@@ -16,6 +19,8 @@ use crate::{
     cgroup::{MemoryHierarchy, OwnedCgroup},
     cmd::ExecArgs,
     cmd::client::{AgentClient, Registered},
+    cmd::warn::{self, Cursor, WarnPolicy, WarnSignal},
+    daemon::status::AgentStatus,
 };
 
 /// The agent rejected the task: its worker is unhealthy (EX_TEMPFAIL: try
@@ -38,9 +43,19 @@ pub(crate) async fn exec(args: &ExecArgs) -> u8 {
         Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),
     };
     let task_id = args.task_id.clone().unwrap_or_else(default_task_id);
-    let parent = match task_parent(&client, args.worker.as_deref()).await {
+    let status = match client.status().await {
+        Ok(status) => status,
+        Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),
+    };
+    let parent = match task_parent(&status, args.worker.as_deref()) {
         Ok(parent) => parent,
         Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),
+    };
+    // Events after this seq are the task's own (read before registering,
+    // so none of them is missed).
+    let cursor = Cursor {
+        epoch: status.outbox.epoch.clone(),
+        after: status.outbox.last_seq,
     };
     let cgroup = match make_cgroup(parent.join(cgroup_name(&task_id)), args.hard_cap) {
         Ok(cgroup) => cgroup,
@@ -74,7 +89,13 @@ pub(crate) async fn exec(args: &ExecArgs) -> u8 {
         Err(error) => return fail(EXIT_AGENT_UNAVAILABLE, error),
     }
 
-    let (code, oom_killed) = match run_in(&cgroup, &args.command).await {
+    let warner = args.warn_signal.as_ref().map(|signal| Warner {
+        client: &client,
+        task_id: &task_id,
+        signal,
+        cursor,
+    });
+    let (code, oom_killed) = match run_in(&cgroup, &args.command, warner).await {
         Ok(status) => {
             let oom_killed =
                 cgroup.oom_kills().unwrap_or(0) > 0 && status.signal() == Some(libc::SIGKILL);
@@ -101,10 +122,57 @@ pub(crate) async fn exec(args: &ExecArgs) -> u8 {
     code
 }
 
+/// `--warn-signal`: what the child is sent, and whose events say when.
+struct Warner<'a> {
+    client: &'a AgentClient,
+    task_id: &'a str,
+    signal: &'a WarnSignal,
+    /// The outbox's last seq before the task was registered.
+    cursor: Cursor,
+}
+
+impl Warner<'_> {
+    /// Follows the task's events for ever, signalling `pid` when its kill
+    /// is imminent. Only run while the child is not yet reaped, so the pid
+    /// is still the child's.
+    async fn run(self, pid: i32, program: &str) -> Infallible {
+        let policy = WarnPolicy::new(self.task_id);
+        warn::follow(self.client, policy, self.cursor, |eta| {
+            // SAFETY: kill(2) to our own child, not yet reaped.
+            let sent = match unsafe { libc::kill(pid, self.signal.number) } {
+                0 => Ok(()),
+                _ => Err(io::Error::last_os_error()),
+            };
+            let eta = if eta.is_finite() {
+                format!("ETA {eta:.1} s")
+            } else {
+                "no ETA".to_string()
+            };
+            match sent {
+                Ok(()) => eprintln!(
+                    "memwatch: sent {} to {program} (pid {pid}): its kill is imminent, {eta} \
+                     (task {})",
+                    self.signal.name, self.task_id
+                ),
+                Err(error) => eprintln!(
+                    "memwatch: could not send {} to {program} (pid {pid}) ({eta}): {error}",
+                    self.signal.name
+                ),
+            }
+        })
+        .await
+    }
+}
+
 /// Spawns `command` inside the cgroup (it moves itself in before exec, so
 /// not one page is charged elsewhere) and waits, passing on SIGINT,
-/// SIGTERM and SIGHUP.
-async fn run_in(cgroup: &OwnedCgroup, command: &[String]) -> io::Result<ExitStatus> {
+/// SIGTERM and SIGHUP, and with `--warn-signal` signalling it when its
+/// kill is imminent.
+async fn run_in(
+    cgroup: &OwnedCgroup,
+    command: &[String],
+    warner: Option<Warner<'_>>,
+) -> io::Result<ExitStatus> {
     let procs = OpenOptions::new().write(true).open(cgroup.procs_file())?;
     let procs_fd = procs.as_raw_fd();
     let mut cmd = tokio::process::Command::new(&command[0]);
@@ -132,9 +200,16 @@ async fn run_in(cgroup: &OwnedCgroup, command: &[String]) -> io::Result<ExitStat
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    let mut warning = pin!(async {
+        match (warner, pid) {
+            (Some(warner), Some(pid)) => warner.run(pid, &command[0]).await,
+            _ => pending().await,
+        }
+    });
     loop {
         let forward = tokio::select! {
             status = child.wait() => return status,
+            never = &mut warning => match never {},
             _ = term.recv() => libc::SIGTERM,
             _ = int.recv() => libc::SIGINT,
             _ = hup.recv() => libc::SIGHUP,
@@ -157,8 +232,8 @@ fn exit_code(status: ExitStatus) -> u8 {
 
 /// The worker's cgroup when it has one (tasks must be inside it for the
 /// residual memory to add up), else `<memory root>/memwatch`.
-async fn task_parent(client: &AgentClient, worker: Option<&str>) -> anyhow::Result<PathBuf> {
-    let workers = client.status().await?.workers;
+fn task_parent(status: &AgentStatus, worker: Option<&str>) -> anyhow::Result<PathBuf> {
+    let workers = &status.workers;
     let chosen = match worker {
         Some(name) => workers.iter().find(|w| w.name == name),
         None if workers.len() == 1 => workers.first(),

@@ -9,6 +9,7 @@ pub(crate) mod run;
 pub(crate) mod seccomp;
 pub(crate) mod status;
 pub(crate) mod top;
+pub(crate) mod warn;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
@@ -104,6 +105,11 @@ pub struct ExecArgs {
     /// Worker the task runs for [default: the agent's only worker].
     #[arg(long, value_name = "NAME")]
     pub worker: Option<String>,
+    /// Send SIGNAL (SIGUSR1, USR1, TERM, a number) to CMD when the agent
+    /// says its kill is imminent (`oom_imminent`), once per episode: again
+    /// only after an `oom_averted`. CMD can checkpoint or shed load.
+    #[arg(long, value_name = "SIGNAL", value_parser = warn::parse_signal)]
+    pub warn_signal: Option<warn::WarnSignal>,
     #[command(flatten)]
     pub agent: AgentArgs,
     /// The command and its arguments.
@@ -348,6 +354,26 @@ mod tests {
             Cli::try_parse_from(["memwatch", "exec"]).is_err(),
             "a command is required"
         );
+    }
+
+    #[test]
+    fn exec_takes_a_warn_signal_by_name_or_number() {
+        for (text, number) in [
+            ("SIGUSR1", libc::SIGUSR1),
+            ("TERM", libc::SIGTERM),
+            ("12", 12),
+        ] {
+            let cli = Cli::try_parse_from(["memwatch", "exec", "--warn-signal", text, "--", "x"])
+                .unwrap();
+            let Command::Exec(args) = cli.command else {
+                panic!()
+            };
+            assert_eq!(args.warn_signal.map(|s| s.number), Some(number), "{text}");
+        }
+        let err = Cli::try_parse_from(["memwatch", "exec", "--warn-signal", "SIGFOO", "--", "x"])
+            .unwrap_err();
+        assert!(err.to_string().contains("--warn-signal"), "{err}");
+        assert!(err.to_string().contains("unknown signal"), "{err}");
     }
 
     #[test]

@@ -7,6 +7,10 @@ pub const MARK_ENV: &str = "MEMHOG_MARK_MIB";
 /// `MEMHOG_RATE_MIB_S=R`: memhog touches R MiB a second (a steady leak)
 /// instead of as fast as it can.
 pub const RATE_ENV: &str = "MEMHOG_RATE_MIB_S";
+/// `MEMHOG_SIGNAL_FILE=PATH`: memhog appends `signal <ns>` to PATH from its
+/// SIGUSR1 handler, and `touched <ns>` each time it has touched one more
+/// MiB (ns: CLOCK_MONOTONIC, the same clock for both).
+pub const SIGNAL_FILE_ENV: &str = "MEMHOG_SIGNAL_FILE";
 
 /// The number memhog printed on its `key` line (`mark`, `pace`).
 pub fn printed(stdout: &str, key: &str) -> Option<i64> {
