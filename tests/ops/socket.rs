@@ -258,3 +258,46 @@ fn a_token_file_others_may_read_stops_the_agent_at_start() {
     assert!(stderr.contains(&token.display().to_string()), "{stderr}");
     assert!(stderr.contains("mode 0644"), "{stderr}");
 }
+
+/// Connections held open on every slot of the TCP listener (300, past its
+/// bound of 256) do not starve the probes: `/live` and `/health` answer
+/// within 1 s, each on a new connection (kubelet's way). The agent polls;
+/// no privilege needed beyond starting it.
+#[tokio::test]
+async fn held_connections_do_not_starve_the_probes() {
+    let agent = Agent::start(&["--source", "poll"]).await;
+    let addr = agent
+        .base_url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        held.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    for path in ["/live", "/health"] {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let asked = std::time::Instant::now();
+        let answer = client
+            .get(format!("{}{path}", agent.base_url))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{path} past 300 held connections: {e}"));
+        let took = asked.elapsed();
+        eprintln!(
+            "{path}: {} in {took:?} past 300 held connections",
+            answer.status()
+        );
+        assert!(answer.status().is_success(), "{path}: {}", answer.status());
+        assert!(took < Duration::from_secs(1), "{path} took {took:?}");
+    }
+    drop(held);
+}

@@ -5,12 +5,23 @@
 //!
 //! The header deadline runs from the moment a connection waits for a
 //! request, so it also closes an idle keep-alive connection (hyper's
-//! timer starts when the connection is ready to read a head). A
-//! connection past the bound is accepted and closed at once, and counted
+//! timer starts when the connection is ready to read a head). Past the
+//! bound, the connection idle the longest (no request in flight) is closed
+//! to make room, so connections held open cannot starve `/live`, `/ready`
+//! and `/health`; only when every connection has a request in flight is a
+//! new one accepted and closed at once, and counted
 //! (`memwatch_api_connections_refused_total`): a client sees the
 //! connection reset or closed, never a hang.
 
-use std::{io, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    io,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use axum::{Router, extract::Request};
 use hyper::{body::Incoming, server::conn::http1};
@@ -19,7 +30,7 @@ use prometheus::IntCounter;
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpStream, UnixListener, UnixStream},
-    sync::{Semaphore, watch},
+    sync::{Notify, Semaphore, watch},
 };
 use tower::ServiceExt as _;
 use tracing::{debug, warn};
@@ -33,6 +44,68 @@ pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const MAX_CONNECTIONS: usize = 256;
 /// Pause after a failed accept (out of file descriptors): no busy loop.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a new connection waits for the slot of the idle one closed
+/// for it.
+const EVICT_WAIT: Duration = Duration::from_millis(500);
+
+/// One open connection as the accept loop sees it.
+#[derive(Debug)]
+struct Conn {
+    /// Requests in flight.
+    busy: AtomicUsize,
+    /// When it last accepted or answered a request.
+    active: std::sync::Mutex<Instant>,
+    /// Asks its task to close it (when idle).
+    close: Notify,
+}
+
+impl Conn {
+    fn touch(&self) {
+        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn active(&self) -> Instant {
+        *self.active.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The open connections of one listener.
+#[derive(Clone, Debug, Default)]
+struct Open(Arc<std::sync::Mutex<(u64, BTreeMap<u64, Arc<Conn>>)>>);
+
+impl Open {
+    fn add(&self) -> (u64, Arc<Conn>) {
+        let conn = Arc::new(Conn {
+            busy: AtomicUsize::new(0),
+            active: std::sync::Mutex::new(Instant::now()),
+            close: Notify::new(),
+        });
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        open.0 += 1;
+        let id = open.0;
+        open.1.insert(id, Arc::clone(&conn));
+        (id, conn)
+    }
+
+    fn remove(&self, id: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .remove(&id);
+    }
+
+    /// The connection with no request in flight that was active the
+    /// longest ago.
+    fn idlest(&self) -> Option<Arc<Conn>> {
+        let open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        open.1
+            .values()
+            .filter(|c| c.busy.load(Ordering::SeqCst) == 0)
+            .min_by_key(|c| c.active())
+            .cloned()
+    }
+}
 
 /// The limits of one listener.
 #[derive(Clone, Copy, Debug)]
@@ -96,6 +169,7 @@ pub(crate) async fn serve<L: Listener>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let open = Open::default();
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
@@ -115,39 +189,74 @@ pub(crate) async fn serve<L: Listener>(
                 }
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            // Every slot held: the connection idle the longest (no request
+            // in flight, oldest activity) makes room, so idle connections
+            // cannot starve `/live`, `/ready` and `/health`.
+            Err(_) => match open.idlest() {
+                Some(idle) => {
+                    idle.close.notify_one();
+                    tokio::time::timeout(EVICT_WAIT, slots.clone().acquire_owned())
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                }
+                None => None,
+            },
+        };
+        let Some(slot) = slot else {
             refused.inc();
             debug!(
                 ?peer,
                 limit = limits.max_connections,
-                "API connection refused: too many open"
+                "API connection refused: too many open, none idle"
             );
             drop(io);
             continue;
         };
         let router = router.clone();
+        let (id, conn) = open.add();
+        let activity = Arc::clone(&conn);
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(peer.clone());
-            router.clone().oneshot(request)
+            let answer = router.clone().oneshot(request);
+            let conn = Arc::clone(&activity);
+            conn.busy.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let answered = answer.await;
+                conn.busy.fetch_sub(1, Ordering::SeqCst);
+                conn.touch();
+                answered
+            }
         });
         let connection = http.serve_connection(TokioIo::new(io), service);
         let mut stop = shutdown.clone();
+        let open = open.clone();
         tokio::spawn(async move {
             let _slot = slot;
             tokio::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => ended,
-                () = stopped(&mut stop) => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
+            let ended = loop {
+                tokio::select! {
+                    ended = connection.as_mut() => break ended,
+                    () = stopped(&mut stop) => {
+                        connection.as_mut().graceful_shutdown();
+                        break connection.await;
+                    }
+                    () = conn.close.notified() => {
+                        if conn.busy.load(Ordering::SeqCst) == 0 {
+                            debug!("idle API connection closed to make room for a new one");
+                            break Ok(());
+                        }
+                    }
                 }
             };
+            open.remove(id);
             if let Err(error) = ended {
                 debug!(%error, "API connection ended");
             }
         });
     }
-    // Every slot back: every connection closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = slots.acquire_many(all).await;
 }
