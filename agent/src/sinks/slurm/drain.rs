@@ -10,9 +10,9 @@ use super::{
     scontrol::ScontrolError,
 };
 use crate::{
-    model::event::EventKind,
+    model::event::{Event, EventKind},
     sinks::{
-        action::{Acted, Plan, Read, Scheduler, Words},
+        action::{Acted, Plan, Read, Scheduler, Words, heartbeat_statuses},
         guard::Capacity,
         report, stale,
     },
@@ -149,6 +149,24 @@ impl SlurmSink {
         let result = actions.run(self).await;
         self.actions = actions;
         result
+    }
+
+    /// Actions follow the present: a worker whose node memwatch drained
+    /// and that a heartbeat says is not unhealthy now is let go as if its
+    /// `worker_recovered` had come (the node is resumed once none of its
+    /// workers is unhealthy), so a lost recovery event leaves no node
+    /// drained for ever.
+    pub(super) async fn resume_healthy(&mut self, heartbeat: &Event) -> Result<(), ScontrolError> {
+        let healthy: Vec<String> = heartbeat_statuses(heartbeat)
+            .filter(|(_, status)| *status != "unhealthy")
+            .map(|(name, _)| name.to_string())
+            .filter(|name| self.state.drained.values().any(|ws| ws.contains(name)))
+            .collect();
+        for worker in healthy {
+            info!(sink = %self.config.name, %worker, "a heartbeat says the worker of a drained node is healthy: resumed as recovered");
+            self.resume(&worker).await?;
+        }
+        Ok(())
     }
 
     /// `State=RESUME`. Right after the controller restarted, a node it has

@@ -253,7 +253,12 @@ impl SlurmSink {
     async fn handle(&mut self, event: &Event) -> Result<(), ScontrolError> {
         let worker = event.body.worker.as_deref();
         match (event.body.kind, worker) {
-            (EventKind::WorkerUnhealthy | EventKind::Heartbeat, _) if self.config.drain => {
+            (EventKind::Heartbeat, _) if self.config.drain => {
+                self.actions.observe(event);
+                self.resume_healthy(event).await?;
+                self.run_actions().await
+            }
+            (EventKind::WorkerUnhealthy, _) if self.config.drain => {
                 self.actions.observe(event);
                 self.run_actions().await
             }

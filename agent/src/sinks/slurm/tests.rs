@@ -438,6 +438,35 @@ async fn a_kill_recovered_after_the_fact_requeues_nothing() {
     assert_eq!(of_kind(&sink, EventKind::ActionSkipped).len(), 1);
 }
 
+/// A lost `worker_recovered`: the next heartbeat saying the worker is
+/// healthy resumes the node memwatch drained for it.
+#[tokio::test]
+async fn a_heartbeat_resumes_a_node_whose_recovery_event_was_lost() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    let unhealthy = fx.event(EventKind::WorkerUnhealthy, "w1", |_| {});
+    sink.send(&[unhealthy]).await.unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists());
+    // Still unhealthy: the drain stays.
+    let beat = fx.heartbeat(&["w1"]);
+    sink.send(&[beat]).await.unwrap();
+    assert!(fx.dir.path().join("drained-n1").exists());
+    // Healthy, and no worker_recovered ever came: resumed.
+    let beat = fx.heartbeat(&[]);
+    sink.send(&[beat]).await.unwrap();
+    assert!(
+        !fx.dir.path().join("drained-n1").exists(),
+        "resumed: {:?}",
+        fx.calls()
+    );
+    assert!(sink.state.drained.is_empty());
+    // Again: nothing more to do.
+    let calls = fx.calls().len();
+    let beat = fx.heartbeat(&[]);
+    sink.send(&[beat]).await.unwrap();
+    assert_eq!(fx.calls().len(), calls);
+}
+
 #[tokio::test]
 async fn a_node_an_operator_resumed_is_drainable_again() {
     let mut fx = Fixture::new();
