@@ -125,9 +125,13 @@ fn render(health: &HealthBody, workers: &[WorkerView], tasks: &[TaskView]) -> St
             "TASK", "WORKER", "OWNER", "MEMORY", "SOFT CAP", "RUNNING"
         );
         for t in tasks {
+            // A predicted kill: the seconds left, as `oom_imminent` says.
+            let eta = t
+                .eta_seconds
+                .map_or(String::new(), |eta| format!(" OOM KILL IN {eta:.0}s"));
             let _ = writeln!(
                 out,
-                "{:<24} {:<16} {:<14} {:>12} {:>12} {:>7}s{}",
+                "{:<24} {:<16} {:<14} {:>12} {:>12} {:>7}s{}{eta}",
                 t.task_id,
                 t.worker,
                 t.owner,
@@ -166,6 +170,16 @@ mod tests {
             running_tasks: 0,
             kernel_usage_bytes: None,
         };
+        let task: TaskView = serde_json::from_value(serde_json::json!({
+            "task_id": "t1", "worker": "w1", "running_secs": 12, "growing": true,
+            "memory_bytes": 200u64 << 20, "eta_seconds": 7.4, "owner": "root",
+        }))
+        .unwrap();
+        let with_task = render(&health, &[], &[task]);
+        assert!(
+            with_task.contains("12s growing OOM KILL IN 7s"),
+            "{with_task}"
+        );
         let text = render(&health, &[worker], &[]);
         assert!(
             text.starts_with("UNHEALTHY: unhealthy (source ebpf, tp_btf)"),

@@ -37,6 +37,7 @@ pub(crate) const SOFT_CAP_CROSSINGS_TOTAL: &str = "memwatch_soft_cap_crossings_t
 pub(crate) const TASK_OOM_KILLS_TOTAL: &str = "memwatch_task_oom_kills_total";
 pub(crate) const GROWTH_LINES_TOTAL: &str = "memwatch_growth_lines_total";
 pub(crate) const PREDICT_LEAD_SECONDS: &str = "memwatch_predict_lead_seconds";
+pub(crate) const WORKER_OOM_ETA_SECONDS: &str = "memwatch_worker_oom_eta_seconds";
 pub(crate) const PREDICT_ETA_ERROR_SECONDS: &str = "memwatch_predict_eta_error_seconds";
 pub(crate) const PROGRAM_RUNS_TOTAL: &str = "memwatch_probe_program_runs_total";
 pub(crate) const PROGRAM_RUN_SECONDS_TOTAL: &str = "memwatch_probe_program_run_seconds_total";
@@ -209,6 +210,8 @@ pub struct Metrics {
     /// Predicted kills: seconds from the first `oom_imminent` to the kill,
     /// and how far the ETA said was from it (absolute).
     pub predict_lead: prometheus::Histogram,
+    /// Seconds to each worker's soonest predicted kill; absent when none.
+    pub worker_oom_eta: prometheus::GaugeVec,
     pub predict_eta_error: prometheus::Histogram,
     /// Runs and run time of each eBPF program (with `bpf_stats = true`).
     pub program_runs: IntCounterVec,
@@ -267,6 +270,7 @@ impl Metrics {
             Box::new(self.task_oom_kills.clone()),
             Box::new(self.growth_lines.clone()),
             Box::new(self.predict_lead.clone()),
+            Box::new(self.worker_oom_eta.clone()),
             Box::new(self.predict_eta_error.clone()),
             Box::new(self.program_runs.clone()),
             Box::new(self.program_run_seconds.clone()),
@@ -404,6 +408,13 @@ impl Metrics {
                 GROWTH_LINES_TOTAL,
                 "Memory cgroup lines crossed, seen in the kernel.",
                 &["line"],
+            )?,
+            worker_oom_eta: prometheus::GaugeVec::new(
+                Opts::new(
+                    WORKER_OOM_ETA_SECONDS,
+                    "Seconds to the worker's soonest predicted OOM kill (absent when none).",
+                ),
+                &["worker"],
             )?,
             predict_lead: prometheus::Histogram::with_opts(
                 prometheus::HistogramOpts::new(

@@ -4,7 +4,7 @@
 //! when the kill comes, how early it was said and how wrong the ETA was.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -147,6 +147,8 @@ struct Followed {
     series: Series,
     imminence: Imminence,
     read_at: Option<Instant>,
+    /// The worker it belongs to (itself or one of its tasks).
+    worker: String,
 }
 
 /// Every followed cgroup's series and hysteresis.
@@ -178,6 +180,9 @@ impl Predictions {
             let f = self.cgroups.entry(r.cgroup.clone()).or_default();
             f.series.push(now, r.unreclaimable);
             f.read_at = Some(now);
+            if f.worker != r.worker {
+                f.worker.clone_from(&r.worker);
+            }
             let prediction = f.series.predict(&r.limits, r.high);
             match f.imminence.observe(prediction.as_ref(), rule.horizon, now) {
                 Some(Say::Imminent) => {
@@ -206,6 +211,20 @@ impl Predictions {
     /// The ETA said for `cgroup`, while a kill is imminent.
     pub(crate) fn eta(&self, cgroup: &Path, now: Instant) -> Option<f64> {
         self.cgroups.get(cgroup)?.imminence.eta(now)
+    }
+
+    /// Each worker's soonest ETA, over the cgroups whose kill is imminent.
+    pub(crate) fn soonest_by_worker(&self, now: Instant) -> BTreeMap<String, f64> {
+        let mut soonest: BTreeMap<String, f64> = BTreeMap::new();
+        for f in self.cgroups.values() {
+            if let Some(eta) = f.imminence.eta(now) {
+                soonest
+                    .entry(f.worker.clone())
+                    .and_modify(|e| *e = e.min(eta))
+                    .or_insert(eta);
+            }
+        }
+        soonest
     }
 
     fn forget_oldest(&mut self) {

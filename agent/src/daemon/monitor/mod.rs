@@ -456,18 +456,7 @@ impl Monitor {
     /// The seconds to `worker`'s soonest predicted OOM kill: of its own
     /// cgroup or of one of its tasks'; `None` when none is predicted.
     pub(crate) fn worker_eta(&self, worker: &str) -> Option<f64> {
-        let own = self
-            .workers()
-            .into_iter()
-            .find(|w| w.name == worker)
-            .and_then(|w| w.cgroup)
-            .and_then(|c| self.lock().eta(Path::new(&c), Instant::now()));
-        self.tasks()
-            .into_iter()
-            .filter(|t| t.worker == worker)
-            .filter_map(|t| t.eta_seconds)
-            .chain(own)
-            .min_by(f64::total_cmp)
+        self.lock().worker_etas(Instant::now()).remove(worker)
     }
 
     /// The recently finished tasks (newest last) and how many tasks
@@ -557,6 +546,16 @@ impl Monitor {
     }
 
     fn publish_gauges(&self, watchdog: &Watchdog) {
+        let etas = watchdog.worker_etas(Instant::now());
+        for w in watchdog.workers() {
+            let eta = &self.recorder.metrics().worker_oom_eta;
+            match etas.get(&w.name) {
+                Some(seconds) => eta.with_label_values(&[w.name.as_str()]).set(*seconds),
+                None => {
+                    let _ = eta.remove_label_values(&[w.name.as_str()]);
+                }
+            }
+        }
         for w in watchdog.workers() {
             let name = w.name.as_str();
             let set = |gauge: &prometheus::IntGaugeVec, value: Option<u64>| {

@@ -234,6 +234,16 @@ mod tests {
             "eta {eta} at {t}"
         );
 
+        // The worker's soonest ETA, for the sinks and on /metrics.
+        m.tick();
+        let soonest = m.worker_eta("w1").expect("w1's task is about to be killed");
+        assert!(soonest > 0.0 && soonest <= 3.0, "{soonest}");
+        let gauge = metrics.worker_oom_eta.with_label_values(&["w1"]).get();
+        assert!(
+            (gauge - soonest).abs() < 0.5,
+            "gauge {gauge}, eta {soonest}"
+        );
+
         // The kill at 24 s: lead from the first warning, histograms count it.
         tokio::time::advance((start + Duration::from_secs(24)).duration_since(Instant::now()))
             .await;

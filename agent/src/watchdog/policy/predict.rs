@@ -27,6 +27,12 @@ impl Watchdog {
         self.predictions.eta(cgroup, now)
     }
 
+    /// Each worker's soonest predicted kill: seconds left, over its own
+    /// cgroup and its tasks'.
+    pub(crate) fn worker_etas(&self, now: Instant) -> std::collections::BTreeMap<String, f64> {
+        self.predictions.soonest_by_worker(now)
+    }
+
     /// A kill in `cgroup` at `at`: how early and how well it was predicted.
     pub(crate) fn predicted_kill(&mut self, cgroup: &Path, at: Instant) -> Option<KillReport> {
         self.predictions.killed(cgroup, at)
