@@ -69,9 +69,16 @@ impl Conn {
     }
 }
 
+/// The open connections of one listener, by id; and the last id given.
+#[derive(Debug, Default)]
+struct Conns {
+    last: u64,
+    by_id: BTreeMap<u64, Arc<Conn>>,
+}
+
 /// The open connections of one listener.
 #[derive(Clone, Debug, Default)]
-struct Open(Arc<std::sync::Mutex<(u64, BTreeMap<u64, Arc<Conn>>)>>);
+struct Open(Arc<std::sync::Mutex<Conns>>);
 
 impl Open {
     fn add(&self) -> (u64, Arc<Conn>) {
@@ -81,9 +88,9 @@ impl Open {
             close: Notify::new(),
         });
         let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        open.0 += 1;
-        let id = open.0;
-        open.1.insert(id, Arc::clone(&conn));
+        open.last += 1;
+        let id = open.last;
+        open.by_id.insert(id, Arc::clone(&conn));
         (id, conn)
     }
 
@@ -91,7 +98,7 @@ impl Open {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .1
+            .by_id
             .remove(&id);
     }
 
@@ -99,7 +106,7 @@ impl Open {
     /// longest ago.
     fn idlest(&self) -> Option<Arc<Conn>> {
         let open = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        open.1
+        open.by_id
             .values()
             .filter(|c| c.busy.load(Ordering::SeqCst) == 0)
             .min_by_key(|c| c.active())
