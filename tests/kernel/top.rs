@@ -198,6 +198,14 @@ async fn top_in_tmux_shows_the_leaking_task_first_with_its_eta_and_obeys_its_key
         "no escape sequences when piped: {plain:?}"
     );
 
-    let _ = leak.kill();
-    let _ = leak.wait();
+    // exec ends with its child (killed at its cap, ~26 s in) and removes
+    // the task's cgroup: wait for it, bounded, so the worker's cgroup can go.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while leak.try_wait().expect("wait for exec").is_none() {
+        if Instant::now() > deadline {
+            let _ = leak.kill();
+            panic!("memwatch exec did not end within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
