@@ -494,8 +494,16 @@ async fn kernel_usage_figures_stay_within_5_percent_of_the_cgroup_counters() {
         gap * 100.0
     );
     assert!(gap < 0.05, "kernel {kernel} vs files {files}");
-    let _ = exec.kill();
-    let _ = exec.wait();
+    // exec ends with memhog (10 s) and removes the task's cgroup: killed
+    // instead, it would leave the cgroup behind. Bounded.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while exec.try_wait().expect("wait for exec").is_none() {
+        if Instant::now() > deadline {
+            let _ = exec.kill();
+            panic!("memwatch exec did not end within 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The workload `memwatch exec` runs gets none of exec's settings: the

@@ -89,6 +89,14 @@ pub(crate) fn soft_cap(cgroup: &Path) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// A v2 cgroup directory: `memory.current` and `memory.stat`.
+    fn v2_cgroup(current: &str, stat: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("memory.current"), current).unwrap();
+        fs::write(dir.path().join("memory.stat"), stat).unwrap();
+        dir
+    }
+
     #[test]
     fn working_set_subtracts_inactive_file_v1_and_v2() {
         let dir = tempfile::tempdir().unwrap();
@@ -100,13 +108,7 @@ mod tests {
         .unwrap();
         assert_eq!(working_set(dir.path()).unwrap(), 700);
 
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("memory.current"), "2000\n").unwrap();
-        fs::write(
-            dir.path().join("memory.stat"),
-            "anon 1500\ninactive_file 500\n",
-        )
-        .unwrap();
+        let dir = v2_cgroup("2000\n", "anon 1500\ninactive_file 500\n");
         assert_eq!(working_set(dir.path()).unwrap(), 1500);
     }
 
@@ -125,13 +127,7 @@ mod tests {
             let stat = format!("total_inactive_file {cache}\n");
             assert_eq!(unreclaimable_of(700 + cache, &stat, false), 700);
         }
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("memory.current"), "2000\n").unwrap();
-        fs::write(
-            dir.path().join("memory.stat"),
-            "anon 1500\ninactive_file 500\n",
-        )
-        .unwrap();
+        let dir = v2_cgroup("2000\n", "anon 1500\ninactive_file 500\n");
         assert_eq!(unreclaimable(dir.path()).unwrap(), 1500);
     }
 

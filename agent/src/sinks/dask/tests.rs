@@ -195,6 +195,16 @@ fn two_workers() -> FakeScheduler {
     fake
 }
 
+/// [`two_workers`] and w3: one of three may go under the default guard.
+fn three_workers() -> FakeScheduler {
+    let fake = two_workers();
+    fake.workers
+        .lock()
+        .unwrap()
+        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    fake
+}
+
 fn outbox() -> Outbox {
     Outbox::new(
         "h",
@@ -323,11 +333,7 @@ async fn a_worker_another_host_is_retiring_counts_as_gone() {
 
 #[tokio::test]
 async fn a_paused_worker_may_go_where_a_running_one_may_not() {
-    let fake = two_workers();
-    fake.workers
-        .lock()
-        .unwrap()
-        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    let fake = three_workers();
     // w2 and w3 paused (over Dask's pause threshold): one worker runs.
     fake.set_status("tcp://192.0.2.2:2", "paused");
     fake.set_status("tcp://192.0.2.3:3", "paused");
@@ -392,11 +398,7 @@ async fn a_retirement_the_scheduler_refuses_is_reported_and_tried_again() {
 
 #[tokio::test]
 async fn a_stale_unhealthy_event_retires_nothing() {
-    let fake = two_workers();
-    fake.workers
-        .lock()
-        .unwrap()
-        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    let fake = three_workers();
     let url = serve(fake.clone()).await;
     let outbox = outbox();
     // Replayed after a scheduler outage: w1 recovered in the meantime.
@@ -415,11 +417,7 @@ async fn a_stale_unhealthy_event_retires_nothing() {
 #[tokio::test]
 async fn a_retirement_without_an_answer_is_judged_from_the_statuses() {
     for (status, retired) in [(Some("closing_gracefully"), true), (None, false)] {
-        let fake = two_workers();
-        fake.workers
-            .lock()
-            .unwrap()
-            .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+        let fake = three_workers();
         *fake.hang.lock().unwrap() = Some(status);
         let url = serve(fake.clone()).await;
         let outbox = outbox();
@@ -461,11 +459,7 @@ async fn a_retirement_without_an_answer_is_judged_from_the_statuses() {
 #[tokio::test]
 async fn retirements_wait_out_the_gate_after_a_state_loss() {
     tokio::time::pause();
-    let fake = two_workers();
-    fake.workers
-        .lock()
-        .unwrap()
-        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    let fake = three_workers();
     let url = serve(fake.clone()).await;
     let outbox = outbox();
     let mut sink = sink(&url, &outbox);
@@ -504,11 +498,7 @@ async fn retirements_wait_out_the_gate_after_a_state_loss() {
 /// heartbeat saying the worker is healthy does not cancel the prediction.
 #[tokio::test]
 async fn a_predicted_kill_retires_the_worker_while_it_is_still_predicted() {
-    let fake = two_workers();
-    fake.workers
-        .lock()
-        .unwrap()
-        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+    let fake = three_workers();
     let url = serve(fake.clone()).await;
     let outbox = outbox();
     let mut sink = sink(&url, &outbox);
