@@ -346,6 +346,21 @@ async fn the_python_example_receiver_verifies_both_formats() {
         .await;
         stop.send(true).unwrap();
         task.await.unwrap();
+        // The receiver prints its verdict after it answered: the sink may
+        // have its 2xx before the reader thread has the line.
+        wait_until_async(
+            "the receiver's verdicts",
+            Duration::from_secs(20),
+            async || {
+                receiver
+                    .verdicts()
+                    .iter()
+                    .map(|v| v["events"].as_array().map_or(0, Vec::len))
+                    .sum::<usize>()
+                    >= 6
+            },
+        )
+        .await;
 
         let verdicts = receiver.verdicts();
         assert!(

@@ -1,4 +1,4 @@
-//! The initramfs `cargo xtask vm-test` boots: busybox, the release
+//! The initramfs `cargo xtask vm-test` boots: busybox, the debug
 //! binaries and the kernel test binaries at the same absolute paths as on
 //! the host (so their baked-in paths work), every shared library `ldd`
 //! names, and an init script that sets up pure cgroup v2, runs the tests
@@ -28,7 +28,7 @@ pub(super) const EXIT: &str = "MEMWATCH-VM-EXIT=";
 const HOST_PROGRAMS: [&str; 1] = ["/usr/bin/setpriv"];
 
 pub(super) struct Contents<'a> {
-    /// `memwatch`, `memhog`, … (target/release/*).
+    /// `memwatch`, `memhog`, … (target/debug/*).
     pub binaries: &'a [PathBuf],
     /// The kernel test executables, run in this order.
     pub tests: &'a [PathBuf],
@@ -60,7 +60,7 @@ pub(super) fn build(dir: &Path, contents: &Contents<'_>) -> anyhow::Result<PathB
     elves.extend(HOST_PROGRAMS.iter().map(PathBuf::from));
     let mut libraries = BTreeSet::new();
     for elf in &elves {
-        copy_at_same_path(&root, elf)?;
+        copy_stripped(&root, elf)?;
         libraries.extend(shared_libraries(elf)?);
     }
     for lib in &libraries {
@@ -154,6 +154,26 @@ fn copy_at_same_path(root: &Path, file: &Path) -> anyhow::Result<()> {
     }
     // Follow symlinks (libc.so.6 → libc-2.36.so): the copy is the file itself.
     fs::copy(file, &target).with_context(|| format!("copying {}", file.display()))?;
+    Ok(())
+}
+
+/// An executable at its own path without its line tables (the guest's RAM
+/// holds the whole initramfs; a panic still names its file and line in its
+/// message). A plain copy where objcopy is missing or fails.
+fn copy_stripped(root: &Path, file: &Path) -> anyhow::Result<()> {
+    let target = root.join(file.strip_prefix("/").context("absolute paths only")?);
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let stripped = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(file)
+        .arg(&target)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        copy_at_same_path(root, file)?;
+    }
     Ok(())
 }
 

@@ -114,28 +114,65 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
         (None, None)
     };
 
-    let mut outcomes = Vec::new();
+    // The kernels are fetched one after another (one apt state), then every
+    // VM boots at once: under TCG each guest runs on one host thread, so on
+    // the 2-core build machines two VMs take about as long as one. The host
+    // run comes after them, alone, as the tests expect.
+    let mut vms = Vec::new();
+    let mut outcomes: Vec<Option<Outcome>> = Vec::new();
     for spec in &kernels {
-        let outcome = if spec == "host" {
-            on_host(&tests, &workdir, &memwatch)
-        } else {
-            let registry = registry.as_ref().expect("opened when a VM is needed");
-            let initramfs = initramfs.as_ref().expect("built when a VM is needed");
-            match registry.fetch(spec) {
-                Ok(kernel) => boot(spec, &kernel, initramfs, accel, options.timeout, &vm_dir)?,
-                Err(e) => Outcome {
-                    spec: spec.clone(),
-                    problem: Some(format!("{e:#}")),
-                    ..Outcome::default()
-                },
+        if spec == "host" {
+            outcomes.push(None);
+            continue;
+        }
+        let registry = registry.as_ref().expect("opened when a VM is needed");
+        match registry.fetch(spec) {
+            Ok(kernel) => {
+                vms.push((outcomes.len(), spec.clone(), kernel));
+                outcomes.push(None);
             }
-        };
-        eprintln!(
-            "xtask: vm-test: {spec}: {}",
-            if outcome.ok() { "ok" } else { "FAILED" }
-        );
-        outcomes.push(outcome);
+            Err(e) => outcomes.push(Some(Outcome {
+                spec: spec.clone(),
+                problem: Some(format!("{e:#}")),
+                ..Outcome::default()
+            })),
+        }
     }
+    let booted = thread::scope(|scope| -> anyhow::Result<Vec<(usize, Outcome)>> {
+        let initramfs = initramfs.as_deref();
+        let running: Vec<_> = vms
+            .iter()
+            .map(|(at, spec, kernel)| {
+                let vm_dir = &vm_dir;
+                let timeout = options.timeout;
+                scope.spawn(move || {
+                    let initramfs = initramfs.expect("built when a VM is needed");
+                    boot(spec, kernel, initramfs, accel, timeout, vm_dir).map(|o| (*at, o))
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|vm| {
+                vm.join()
+                    .map_err(|_| anyhow::anyhow!("a VM's thread panicked"))?
+            })
+            .collect()
+    })?;
+    for (at, outcome) in booted {
+        outcomes[at] = Some(outcome);
+    }
+    let outcomes: Vec<Outcome> = outcomes
+        .into_iter()
+        .map(|outcome| outcome.unwrap_or_else(|| on_host(&tests, &workdir, &memwatch)))
+        .inspect(|outcome| {
+            eprintln!(
+                "xtask: vm-test: {}: {}",
+                outcome.spec,
+                if outcome.ok() { "ok" } else { "FAILED" }
+            );
+        })
+        .collect();
 
     print!("{}", summary(&outcomes, accel));
     if options.write_docs {
@@ -193,44 +230,17 @@ fn ensure_tools() -> anyhow::Result<()> {
     shell::run("apt-get", &args)
 }
 
-/// The release binaries and the kernel test executables.
+/// The binaries and the kernel test executables: the debug builds that
+/// `cargo xtask test` has just made and run on the host (its dependencies
+/// are optimized, `[profile.dev.package."*"]`), so the matrix adds no build
+/// of its own.
 fn build() -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    let release = shell::build_bins(true)?;
-    let binaries: Vec<PathBuf> = BINARIES.iter().map(|b| release.join(b)).collect();
-    let mut args = vec![
-        "test",
-        "--release",
-        "--locked",
-        "-p",
-        "memwatch-tests",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ];
-    for test in KERNEL_TESTS {
-        args.extend(["--test", test]);
-    }
-    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(&args)
-        .current_dir(shell::workspace_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the kernel tests failed");
-    }
-    let mut tests = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["reason"] == "compiler-artifact"
-            && let (Some(name), Some(exe)) =
-                (msg["target"]["name"].as_str(), msg["executable"].as_str())
-            && KERNEL_TESTS.contains(&name)
-        {
-            tests.push((name.to_string(), PathBuf::from(exe)));
-        }
-    }
+    let mut tests: Vec<(String, PathBuf)> = shell::build_tests()?
+        .into_iter()
+        .filter(|(name, _)| KERNEL_TESTS.contains(&name.as_str()))
+        .collect();
+    let debug = shell::workspace_root().join("target/debug");
+    let binaries: Vec<PathBuf> = BINARIES.iter().map(|b| debug.join(b)).collect();
     tests.sort();
     if tests.len() != KERNEL_TESTS.len() {
         bail!(
