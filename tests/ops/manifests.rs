@@ -541,6 +541,44 @@ fn helm_lint_refuses_values_the_schema_refuses() {
     }
 }
 
+#[test]
+fn helm_chart_never_binds_the_default_service_account() {
+    // serviceAccount.create=false: a named account made for memwatch, or no
+    // rendering at all; never the namespace's `default`, which every pod of
+    // the namespace runs as.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, why) in [
+        (
+            "unnamed.yaml",
+            "serviceAccount:\n  create: false\n",
+            "serviceAccount.create=false needs serviceAccount.name",
+        ),
+        (
+            "default.yaml",
+            "serviceAccount:\n  create: false\n  name: default\n",
+            "serviceAccount.name must not be",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        fs::write(&path, text).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let (ok, output) = try_render_chart(out.path(), Some(&path));
+        assert!(!ok, "{name} must not render:\n{output}");
+        assert!(output.contains(why), "{name}: {why}:\n{output}");
+    }
+    // A named account: bound, not made, and the pods run as it.
+    let path = dir.path().join("named.yaml");
+    fs::write(&path, "serviceAccount:\n  create: false\n  name: node-agents\n").unwrap();
+    let chart = Chart::render(
+        Some(&path),
+        &["daemonset", "clusterrole", "clusterrolebinding"],
+    );
+    assert!(chart.all("ServiceAccount").is_empty(), "{:?}", chart.kinds());
+    assert_eq!(chart.pod()["spec"]["serviceAccountName"], "node-agents");
+    let subjects = &chart.one("ClusterRoleBinding")["subjects"];
+    assert_eq!(subjects[0]["name"], "node-agents", "{subjects}");
+}
+
 /// Standard base64 (the Secret's data), without a crate for it.
 fn decode_base64(text: &str) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -634,11 +672,22 @@ fn helm_chart_installs_memwatchs_seccomp_profile_when_asked() {
         .iter()
         .find(|v| v["name"] == mount["name"])
         .expect("the init container's volume");
-    assert_eq!(volume["hostPath"]["path"], "/var/lib/kubelet/seccomp");
-    // The file the init container writes is the one the kubelet resolves.
+    // Only memwatch's own subdirectory of the kubelet's seccomp directory,
+    // made if missing: the other workloads' profiles are out of its reach.
     assert_eq!(
-        written,
-        format!("{}/{relative}", mount["mountPath"].as_str().unwrap())
+        volume["hostPath"],
+        serde_json::json!({"path": "/var/lib/kubelet/seccomp/memwatch", "type": "DirectoryOrCreate"})
+    );
+    assert_eq!(init["volumeMounts"].as_array().unwrap().len(), 1, "{init}");
+    assert!(mount["readOnly"].is_null() || mount["readOnly"] == false);
+    // The file the init container writes is the one the kubelet resolves
+    // (its seccomp directory joined with localhostProfile).
+    let inside = written
+        .strip_prefix(mount["mountPath"].as_str().unwrap())
+        .expect("written under the mount");
+    assert_eq!(
+        format!("{}{inside}", volume["hostPath"]["path"].as_str().unwrap()),
+        format!("/var/lib/kubelet/seccomp/{relative}")
     );
     assert_eq!(
         init["securityContext"]["capabilities"],
