@@ -69,7 +69,10 @@ fn the_shipped_profile_is_the_runtimes_defaults_intersected() {
     let rules = profile["syscalls"].as_array().unwrap();
     assert!(rules.len() > 5);
     for rule in rules {
-        assert!(rule.get("includes").is_none() && rule.get("excludes").is_none(), "{rule}");
+        assert!(
+            rule.get("includes").is_none() && rule.get("excludes").is_none(),
+            "{rule}"
+        );
     }
     let allowed = |name: &str| {
         rules.iter().any(|r| {
@@ -79,7 +82,14 @@ fn the_shipped_profile_is_the_runtimes_defaults_intersected() {
     };
     // What containers-common allows and containerd refuses without
     // CAP_SYS_ADMIN stays refused; the two additions are there.
-    for call in ["mount", "umount2", "unshare", "setns", "pivot_root", "keyctl"] {
+    for call in [
+        "mount",
+        "umount2",
+        "unshare",
+        "setns",
+        "pivot_root",
+        "keyctl",
+    ] {
         assert!(!allowed(call), "{call} allowed");
     }
     for call in ["bpf", "perf_event_open", "read", "mmap", "clone"] {

@@ -85,9 +85,13 @@ pub(crate) fn check(
             continue; // unit tests: each runs on a runtime of its own
         }
         let rel = rel.display().to_string();
-        let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         for hit in hits(&rel, &text) {
-            if !allowed.iter().any(|&(f, api, _)| f == hit.file && api == hit.api) {
+            if !allowed
+                .iter()
+                .any(|&(f, api, _)| f == hit.file && api == hit.api)
+            {
                 problems.push(format!(
                     "agent/src/{}:{}: `{}` ({}) in async code",
                     hit.file, hit.line, hit.pattern, hit.api
@@ -111,15 +115,21 @@ pub(crate) fn hits(file: &str, text: &str) -> Vec<Hit> {
         .any(|l| l.trim().starts_with("use ") && l.contains("tokio::process::Command"));
     let mut async_code = vec![false; b.len()];
     for range in regions(b, "async", true) {
-        async_code[range.0..range.1].iter_mut().for_each(|x| *x = true);
+        async_code[range.0..range.1]
+            .iter_mut()
+            .for_each(|x| *x = true);
     }
     // Unit tests may block (each runs on a runtime of its own).
     for range in regions(b, "cfg(test)", true) {
-        async_code[range.0..range.1].iter_mut().for_each(|x| *x = false);
+        async_code[range.0..range.1]
+            .iter_mut()
+            .for_each(|x| *x = false);
     }
     for name in ["spawn_blocking", "block_in_place"] {
         for range in regions(b, name, false) {
-            async_code[range.0..range.1].iter_mut().for_each(|x| *x = false);
+            async_code[range.0..range.1]
+                .iter_mut()
+                .for_each(|x| *x = false);
         }
     }
     let mut out = Vec::new();

@@ -57,7 +57,10 @@ fn the_check_fails_on_a_tree_with_a_blocking_call_and_passes_when_allowed() {
     let (files, problems) = check(dir.path(), &[]).unwrap();
     assert_eq!(files, 1);
     assert_eq!(problems.len(), 4, "{problems:?}");
-    assert!(problems[0].starts_with("agent/src/api/h.rs:7: `fs::`"), "{problems:?}");
+    assert!(
+        problems[0].starts_with("agent/src/api/h.rs:7: `fs::`"),
+        "{problems:?}"
+    );
     let allowed = [
         ("api/h.rs", "std::fs", "r"),
         ("api/h.rs", "rusqlite::Connection", "r"),
