@@ -136,7 +136,7 @@ fn every_node_field_but_memwatchs_own_is_denied() {
         ("status", "nodestatus", vec!["conditions"]),
         (
             "metadata",
-            "objectmeta",
+            "objectmeta-meta",
             vec!["resourceVersion", "managedFields", "generation", "name"],
         ),
     ] {
