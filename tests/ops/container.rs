@@ -2,7 +2,8 @@
 //! context: podman + runc (Debian's), uid 0 with every capability dropped
 //! but BPF and PERFMON, read-only root, no-new-privileges, the host's pids,
 //! the DaemonSet's host mounts. With the seccomp profile memwatch ships
-//! (deploy/seccomp/memwatch.json) the probe loads: `/ready`, `source:
+//! (deploy/seccomp/memwatch.json: no wider than containers-common's or
+//! containerd's default, tests/ops/seccomp.rs) the probe loads: `/ready`, `source:
 //! ebpf`, an OOM kill on the host reported live with its victim named.
 //! With the runtime's own default profile (Debian 12's containers-common,
 //! which allows bpf(2) only with CAP_SYS_ADMIN) it falls back to polling
@@ -27,7 +28,7 @@ use memwatch_tests::{
 };
 use serde_json::Value;
 
-/// The runtime's default profile the shipped one is derived from.
+/// The runtime's default profile (one of those the shipped one derives from).
 const RUNTIME_DEFAULT: &str = "/usr/share/containers/seccomp.json";
 const TAG: &str = "localhost/memwatch:0.1.0-test";
 /// Time for one podman or build command (the image is built with vfs).
@@ -182,19 +183,10 @@ fn the_daemonset_container_loads_the_probe_with_the_shipped_seccomp_profile() {
     }
     ensure_runtime();
     let shipped = repo().join("deploy/seccomp/memwatch.json");
-    // The shipped profile is the runtime default with bpf and
-    // perf_event_open opened to CAP_BPF/CAP_PERFMON, nothing else.
-    let derived = run(
-        "derive.py",
-        Command::new("python3")
-            .arg(repo().join("deploy/seccomp/derive.py"))
-            .arg(RUNTIME_DEFAULT),
-    );
-    assert_eq!(
-        derived,
-        fs::read_to_string(&shipped).unwrap(),
-        "deploy/seccomp/memwatch.json is derive.py's output for {RUNTIME_DEFAULT}"
-    );
+    // The shipped profile: the runtimes' defaults intersected, plus bpf and
+    // perf_event_open.
+    // That it is derive.py's output, no wider than containers-common's
+    // default (this runtime's) and containerd's: tests/ops/seccomp.rs.
 
     let work = tempfile::tempdir().unwrap();
     let bin = work.path().join("memwatch");

@@ -184,7 +184,7 @@ pub(crate) fn check(root: &Path, rules: &Rules) -> anyhow::Result<Report> {
     })
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+pub(crate) fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in fs::read_dir(dir)? {
         let path = entry?.path();
         if path.is_dir() {
@@ -527,7 +527,7 @@ fn tokens(text: &str) -> Vec<Token> {
 /// `text` with comments and string, byte-string, raw-string and char
 /// literals blanked out (newlines kept, so lines stay where they were).
 /// Lifetimes and labels (`'a`) are left alone.
-fn strip(text: &str) -> String {
+pub(crate) fn strip(text: &str) -> String {
     let b = text.as_bytes();
     let mut out = b.to_vec();
     let mut blank = |from: usize, to: usize| {

@@ -14,6 +14,7 @@
 //!   (pure cgroup v2) and on this host; writes docs/kernels.md.
 
 mod bench;
+mod blocking;
 mod kernels_doc;
 mod layers;
 mod setup;
@@ -71,7 +72,8 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Check that agent/src modules import only lower layers (docs/architecture.md).
+    /// Check that agent/src modules import only lower layers (docs/architecture.md),
+    /// and that async code in agent/src makes no blocking call (xtask/src/blocking.rs).
     Layers,
     /// Set up, then run the kernel tests on Debian kernels booted in QEMU
     /// (pure cgroup v2) and on this host; print a summary per kernel and
@@ -156,7 +158,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Task::Layers => layers::run(),
+        Task::Layers => layers::run().and_then(|()| blocking::run()),
         Task::VmTest {
             kernels,
             timeout,

@@ -61,7 +61,13 @@ pub(crate) async fn create(
     let Json(task) = body.map_err(json_error)?;
     let request = checked(&state, task, caller).await?;
     let task_id = request.task_id.clone();
-    let registration = state.monitor.register(request).map_err(watchdog_error)?;
+    // Off the runtime: it reads the task's memory (/proc, cgroup files) and
+    // writes the outbox (SQLite).
+    let monitor = state.monitor.clone();
+    let registration = tokio::task::spawn_blocking(move || monitor.register(request))
+        .await
+        .map_err(join_error)?
+        .map_err(watchdog_error)?;
     // Before the answer: `memwatch exec` starts its workload only then.
     if let Some(proofs) = &state.job_proofs {
         let pid = match peer {
@@ -113,19 +119,31 @@ pub(crate) async fn delete(
             exit_code: query.exit_code,
         }
     };
-    let principal = (!caller.any_owner).then_some(caller.principal.as_str());
-    state
-        .monitor
-        .finish_by(&task_id, outcome, principal)
+    let principal = (!caller.any_owner).then_some(caller.principal);
+    // Off the runtime: it writes the outbox (SQLite).
+    let monitor = state.monitor.clone();
+    tokio::task::spawn_blocking(move || monitor.finish_by(&task_id, outcome, principal.as_deref()))
+        .await
+        .map_err(join_error)?
         .map(Json)
         .map_err(watchdog_error)
+}
+
+/// A blocking task that panicked or was cancelled: 500.
+fn join_error(e: tokio::task::JoinError) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
 pub(crate) async fn reset(
     State(state): State<AppState>,
     Path(worker): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    state.monitor.reset(&worker).map_err(|e| match e {
+    let monitor = state.monitor.clone();
+    let name = worker.clone();
+    let reset = tokio::task::spawn_blocking(move || monitor.reset(&name))
+        .await
+        .map_err(join_error)?;
+    reset.map_err(|e| match e {
         WatchdogError::UnknownWorker(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
         other => watchdog_error(other),
     })?;
@@ -157,7 +175,7 @@ async fn checked(state: &AppState, task: NewTask, caller: Caller) -> Result<Task
         Ok(request)
     })
     .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(join_error)?
 }
 
 /// Checks everything before the watchdog sees the request, so a bad one

@@ -62,7 +62,16 @@ pub(crate) struct Monitor {
     rounds: AtomicU64,
     /// Cgroups within half of a limit at the last tick: sampled fast.
     near: Mutex<std::collections::HashSet<PathBuf>>,
+    /// Held for the outbox (SQLite) writes of a decision, taken before the
+    /// watchdog's lock is let go: the writes never hold the watchdog (the
+    /// API, /health and the sampling loop wait on it), and those of two
+    /// decisions land in the order the watchdog made them.
+    writes: Mutex<()>,
 }
+
+/// A worker's health as kept in the outbox: its cause while unhealthy,
+/// `None` once recovered.
+type HealthChange = (String, Option<serde_json::Value>);
 
 impl Monitor {
     /// Workers without a configured soft cap take their cgroup's own.
@@ -94,6 +103,7 @@ impl Monitor {
             kernel_figures: Mutex::default(),
             rounds: AtomicU64::new(0),
             near: Mutex::default(),
+            writes: Mutex::default(),
         };
         monitor.publish_gauges(&monitor.lock());
         monitor
@@ -101,6 +111,14 @@ impl Monitor {
 
     fn lock(&self) -> MutexGuard<'_, Watchdog> {
         self.watchdog.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets the watchdog go, holding the write lock instead (see
+    /// [`Monitor::writes`]); the caller writes while it holds the guard.
+    fn unlock_for_writes<'a>(&'a self, watchdog: MutexGuard<'a, Watchdog>) -> MutexGuard<'a, ()> {
+        let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        drop(watchdog);
+        writes
     }
 
     fn resolver(&self) -> MutexGuard<'_, CgroupResolver> {
@@ -190,12 +208,9 @@ impl Monitor {
         let now = Instant::now();
         let registration = watchdog.register(req, &sample, now)?;
         // A retry keeps the row (and the kernel's cap) of the first call.
-        if let Some(req) = kept
-            && !registration.again
-            && !matches!(registration.admission, Admission::Rejected { .. })
-        {
-            self.recorder.outbox().save_task(&req);
-        }
+        let kept = kept.filter(|_| {
+            !registration.again && !matches!(registration.admission, Admission::Rejected { .. })
+        });
         let mut events = registration.events.clone();
         match (&registration.admission, cgroup, cap) {
             (Admission::Rejected { reason }, _, _) => {
@@ -214,8 +229,13 @@ impl Monitor {
             }
             _ => {}
         }
-        self.decided(&watchdog, events, now);
+        let health = health_changes(&watchdog, &events);
         self.publish_gauges(&watchdog);
+        let _writes = self.unlock_for_writes(watchdog);
+        if let Some(req) = kept {
+            self.recorder.outbox().save_task(&req);
+        }
+        self.decided(health, events, now);
         Ok(registration)
     }
 
@@ -268,9 +288,11 @@ impl Monitor {
         let now = Instant::now();
         let (view, events) = watchdog.finish(task_id, outcome, now)?;
         self.kernel.remove(task_id);
-        self.recorder.outbox().remove_task(task_id);
-        self.decided(&watchdog, events, now);
+        let health = health_changes(&watchdog, &events);
         self.publish_gauges(&watchdog);
+        let _writes = self.unlock_for_writes(watchdog);
+        self.recorder.outbox().remove_task(task_id);
+        self.decided(health, events, now);
         Ok(view)
     }
 
@@ -278,8 +300,7 @@ impl Monitor {
         let mut watchdog = self.lock();
         let events = watchdog.reset(worker)?;
         info!(%worker, "operator reset");
-        self.decided(&watchdog, events, Instant::now());
-        self.publish_gauges(&watchdog);
+        self.decided_unlocked(watchdog, events, Instant::now());
         Ok(())
     }
 
@@ -320,8 +341,7 @@ impl Monitor {
         let mut watchdog = self.lock();
         let now = Instant::now();
         let events = watchdog.observe(&sample, now);
-        self.decided(&watchdog, events, now);
-        self.publish_gauges(&watchdog);
+        self.decided_unlocked(watchdog, events, now);
     }
 
     /// Names the task and worker of an OOM victim; stores the task's end.
@@ -334,10 +354,11 @@ impl Monitor {
     ) -> (Option<String>, Option<String>, Vec<EventBody>) {
         let mut watchdog = self.lock();
         let attributed = watchdog.attribute_oom(cgroup, pid, Instant::now());
+        self.publish_gauges(&watchdog);
+        let _writes = self.unlock_for_writes(watchdog);
         if let Some(task_id) = &attributed.0 {
             self.recorder.outbox().remove_task(task_id);
         }
-        self.publish_gauges(&watchdog);
         attributed
     }
 
@@ -391,26 +412,32 @@ impl Monitor {
         restored
     }
 
+    /// Publishes the gauges, lets the watchdog go and records what it
+    /// decided ([`Monitor::decided`]), the writes after the lock.
+    fn decided_unlocked(
+        &self,
+        watchdog: MutexGuard<'_, Watchdog>,
+        events: Vec<EventBody>,
+        now: Instant,
+    ) {
+        let health = health_changes(&watchdog, &events);
+        self.publish_gauges(&watchdog);
+        let _writes = self.unlock_for_writes(watchdog);
+        self.decided(health, events, now);
+    }
+
     /// Records what the watchdog decided, and keeps the health of every
-    /// worker it turned unhealthy or healthy, so that a restart neither
+    /// worker it turned unhealthy or healthy (`health`, read under the
+    /// watchdog's lock by [`health_changes`]), so that a restart neither
     /// forgets an unhealthy worker (its recovery would never be said) nor
-    /// says it is unhealthy twice.
-    fn decided(&self, watchdog: &Watchdog, events: Vec<EventBody>, now: Instant) {
+    /// says it is unhealthy twice. Call it with the write lock held, not
+    /// the watchdog's.
+    fn decided(&self, health: Vec<HealthChange>, events: Vec<EventBody>, now: Instant) {
         let outbox = self.recorder.outbox();
-        for body in &events {
-            let Some(worker) = body.worker.as_deref() else {
-                continue;
-            };
-            match body.kind {
-                EventKind::WorkerUnhealthy => {
-                    if let Some(cause) = watchdog.unhealthy_cause(worker)
-                        && let Ok(json) = serde_json::to_value(&cause)
-                    {
-                        outbox.keep_unhealthy(worker, json);
-                    }
-                }
-                EventKind::WorkerRecovered => outbox.forget_unhealthy(worker),
-                _ => {}
+        for (worker, cause) in health {
+            match cause {
+                Some(json) => outbox.keep_unhealthy(&worker, json),
+                None => outbox.forget_unhealthy(&worker),
             }
         }
         self.store(events, now);
@@ -589,6 +616,25 @@ impl Monitor {
 
 mod predict;
 pub(crate) use predict::FAST_INTERVAL;
+
+/// The workers `events` turn unhealthy (with their cause) or healthy.
+fn health_changes(watchdog: &Watchdog, events: &[EventBody]) -> Vec<HealthChange> {
+    events
+        .iter()
+        .filter_map(|body| {
+            let worker = body.worker.as_deref()?;
+            match body.kind {
+                EventKind::WorkerUnhealthy => {
+                    let cause = watchdog.unhealthy_cause(worker)?;
+                    let json = serde_json::to_value(&cause).ok()?;
+                    Some((worker.to_string(), Some(json)))
+                }
+                EventKind::WorkerRecovered => Some((worker.to_string(), None)),
+                _ => None,
+            }
+        })
+        .collect()
+}
 
 #[cfg(test)]
 mod tests;

@@ -97,7 +97,9 @@ impl Monitor {
         let mut watchdog = self.lock();
         let now = Instant::now();
         let events = watchdog.observe(&sample, now);
-        self.decided(&watchdog, events, now);
+        let health = super::health_changes(&watchdog, &events);
+        let _writes = self.unlock_for_writes(watchdog);
+        self.decided(health, events, now);
     }
 
     /// A kill in `cgroup` now: (lead seconds, ETA error seconds) when it was

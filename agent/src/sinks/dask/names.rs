@@ -7,9 +7,10 @@
 //! matches `process` or a descendant. The whole host (no `[[worker]]`) owns
 //! every Dask worker listening on it. A Dask worker matched by none of
 //! these belongs to the memwatch worker named like the Dask worker's `name`
-//! (`dask worker --name`, unique in a cluster), if there is one; else to
-//! none. A port alone never matches: a worker on another host with the
-//! same port is not ours.
+//! (`dask worker --name`, unique in a cluster), if there is one and the
+//! Dask worker's address is on this host; else to none. Neither a port nor
+//! a name alone ever matches: a worker on another host with the same port,
+//! or named like one of ours, is not ours (its host's agent maps it).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -155,6 +156,7 @@ pub(crate) fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapp
         specs.iter().map(|s| (s, member_pids(&s.source))).collect();
     dask.iter()
         .map(|d| {
+            let local = local_endpoint(&d.address).is_some();
             let inode = socket_of(&d.address);
             let owner = inode.and_then(|inode| {
                 members.iter().find_map(|(spec, pids)| {
@@ -163,7 +165,11 @@ pub(crate) fn map_workers(specs: &[WorkerSpec], dask: &[DaskWorker]) -> Vec<Mapp
                         .map(|pid| (spec.name.clone(), *pid))
                 })
             });
+            // Never for a worker on another host: a name is only a name.
             let by_name = || {
+                if !local {
+                    return None;
+                }
                 let name = match &d.name {
                     serde_json::Value::String(s) => s.clone(),
                     other => other.to_string(),
@@ -318,6 +324,16 @@ mod tests {
                 name: serde_json::json!(7),
                 status: None,
             },
+            DaskWorker {
+                address: "tcp://192.0.2.8:1".into(),
+                name: serde_json::json!("other"),
+                status: None,
+            },
+            DaskWorker {
+                address: format!("tcp://192.0.2.8:{port}"),
+                name: serde_json::json!("mine"),
+                status: None,
+            },
         ];
         let mapped = map_workers(&specs, &dask);
         assert_eq!(mapped[0].worker.as_deref(), Some("mine"));
@@ -325,6 +341,9 @@ mod tests {
         assert_eq!((mapped[1].worker.as_deref(), mapped[1].pid), (None, None));
         assert_eq!(mapped[2].worker.as_deref(), Some("other"), "by name");
         assert_eq!(mapped[3].worker, None);
+        // Named like one of ours, on another host: never ours by name.
+        assert_eq!((mapped[4].worker.as_deref(), mapped[4].pid), (None, None));
+        assert_eq!((mapped[5].worker.as_deref(), mapped[5].pid), (None, None));
 
         let names = SchedulerNames::default();
         names.update(&mapped);

@@ -32,7 +32,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.serviceAccount.create -}}
 {{- .Values.serviceAccount.name | default (include "memwatch.fullname" .) -}}
 {{- else -}}
-{{- .Values.serviceAccount.name | default "default" -}}
+{{- /* Never the namespace's "default" account: binding the ClusterRole to it
+would hand memwatch's node writes to every pod that runs as it. */ -}}
+{{- $name := required "serviceAccount.create=false needs serviceAccount.name: an existing ServiceAccount made for memwatch (never the namespace's default one)" .Values.serviceAccount.name -}}
+{{- if eq $name "default" -}}
+{{- fail "serviceAccount.name must not be \"default\": the ClusterRole would be bound to the account every pod of the namespace runs as" -}}
+{{- end -}}
+{{- $name -}}
 {{- end -}}
 {{- end -}}
 
