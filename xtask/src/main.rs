@@ -46,11 +46,13 @@ enum Task {
     },
     /// Set up, then run a benchmark (default: overhead) and print its table (as root).
     Bench {
-        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (an OOM storm of 6,000 kills/min for a minute), `tasks` (registration and idle cost at 10 to 5,000 live tasks).
+        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (an OOM storm of 6,000 kills/min for a minute), `tasks` (registration and idle cost at 10 to 5,000 live tasks), `guard`, or `all` (the quick ones: overhead and delay, then one summary table).
         which: Option<String>,
-        /// Also build this commit (a git worktree under target/bench-baseline/)
-        /// and run it beside this tree on the same workload, printing both
-        /// figures and their ratio (`idle`, `tasks`).
+        /// Also build this commit (a git worktree and its own target
+        /// directory under target/bench-baseline/, sharing this tree's
+        /// dependency artifacts) and run it beside this tree on the same
+        /// workload, interleaved, printing both figures and their ratio
+        /// (every benchmark but `guard`).
         #[arg(long, value_name = "REV")]
         baseline: Option<String>,
     },

@@ -1,6 +1,7 @@
 //! The outbox: every event is numbered at once and written to the state
 //! directory (SQLite, see store.rs) by a writer thread, many events to one
-//! commit (writer.rs); sinks are woken once it is written. Appending never
+//! commit (writer.rs); sinks are woken once it is numbered and read it
+//! from memory before its fsync (window.rs). Appending never
 //! waits for the disk, nor does [`Outbox::status`]; calls that read or
 //! write the database from async code move off the runtime's workers
 //! first, so a disk that hangs stalls the loops that need it, never the
@@ -47,6 +48,7 @@ use tokio::{runtime::RuntimeFlavor, sync::watch};
 use tracing::warn;
 
 pub(crate) mod store;
+mod window;
 mod writer;
 
 pub(crate) use self::store::Quarantined;
@@ -153,8 +155,12 @@ struct Core {
     room: Condvar,
     host: Arc<str>,
     metrics: Metrics,
-    /// The newest seq, for readers that wait for more (sinks, `events --follow`).
+    /// The newest seq stored and synced, for callers that wait for
+    /// durability ([`Outbox::stored`]).
     newest: watch::Sender<u64>,
+    /// The newest seq numbered (maybe not stored yet), for readers that
+    /// wait for more (sinks).
+    numbered: watch::Sender<u64>,
     /// The database's epoch.
     epoch: Arc<str>,
     /// The corrupt database set aside when this one was opened.
@@ -183,8 +189,14 @@ struct Mem {
     in_flight: usize,
     persist_error: Option<String>,
     cursors: BTreeMap<String, u64>,
-    /// Cursors moved since they were last stored.
-    cursors_dirty: bool,
+    /// The cursors as the database holds them (never past
+    /// `newest_stored`, see window.rs).
+    cursors_stored: BTreeMap<String, u64>,
+    /// Stored events not yet acknowledged by every sink, oldest first, at
+    /// most [`window::WINDOW`]; all older than `pending`.
+    recent: VecDeque<Event>,
+    /// Every event with a seq above it is in `recent` or `pending`.
+    recent_floor: u64,
     /// Changes to the kept tasks not yet written, oldest first: written
     /// with the events of the same round (a registration costs one sync,
     /// shared with its `task_started`). At most [`MAX_KEPT_QUEUED`].
@@ -290,13 +302,16 @@ impl Outbox {
                 in_flight: 0,
                 persist_error: None,
                 cursors: BTreeMap::new(),
-                cursors_dirty: false,
+                cursors_stored: BTreeMap::new(),
+                recent: VecDeque::new(),
+                recent_floor: newest_stored,
                 kept: VecDeque::new(),
             }),
             room: Condvar::new(),
             host: host.into(),
             metrics,
             newest: watch::channel(last).0,
+            numbered: watch::channel(last).0,
             epoch,
             set_aside: OnceLock::new(),
             beat: Mutex::new(None),
@@ -331,6 +346,9 @@ impl Outbox {
                 body,
             };
             mem.pending.push_back(event.clone());
+            if seq != UNNUMBERED {
+                self.core.numbered.send_replace(seq);
+            }
             if mem.persist_error.is_some() {
                 // Counted once: those made before writes failed are
                 // counted by the round that found out (writer.rs).
@@ -378,8 +396,13 @@ impl Outbox {
     }
 
     /// Up to `limit` events with `seq > after`, oldest first: those stored,
-    /// then those still waiting for the writer.
+    /// then those still waiting for the writer. From memory when the
+    /// window reaches back to `after` (a sink that keeps up: no wait for
+    /// a write in progress), else from the database.
     pub fn read(&self, after: u64, limit: usize) -> Vec<Event> {
+        if let Some(events) = window::read(&self.core.mem(), after, limit) {
+            return events;
+        }
         let (events, set_aside) = off_runtime(|| {
             let store = self.core.store();
             let (mut events, set_aside) = match store.read(after, limit) {
@@ -456,9 +479,10 @@ impl Outbox {
         tokio::time::timeout(bound, wait).await.unwrap_or(false)
     }
 
-    /// Watches the newest seq.
+    /// Watches the newest seq numbered: readable at once ([`Outbox::read`]),
+    /// stored a moment later ([`Outbox::stored`] waits for that).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.core.newest.subscribe()
+        self.core.numbered.subscribe()
     }
 
     pub fn host(&self) -> &str {
@@ -482,15 +506,19 @@ impl Outbox {
                 0
             }
         };
-        self.core.mem().cursors.insert(sink.to_string(), seq);
+        let mut mem = self.core.mem();
+        mem.cursors.insert(sink.to_string(), seq);
+        mem.cursors_stored.insert(sink.to_string(), seq);
+        window::trim(&mut mem);
         seq
     }
 
-    /// `sink` acknowledged every event up to `seq` (stored by the writer).
+    /// `sink` acknowledged every event up to `seq`; stored by the writer,
+    /// never past the highest stored seq (see window.rs).
     pub fn ack(&self, sink: &str, seq: u64) {
         let mut mem = self.core.mem();
         mem.cursors.insert(sink.to_string(), seq);
-        mem.cursors_dirty = true;
+        window::trim(&mut mem);
         drop(mem);
         self.writer.wake();
     }
@@ -695,6 +723,7 @@ impl Core {
             None => Some(store.bytes()),
         };
         let mut mem = self.mem();
+        window::forget(&mut mem, seqs);
         mem.stored = mem.stored.saturating_sub(seqs.len() as u64);
         match (freed, measured) {
             (Some(bytes), _) => mem.stored_bytes = mem.stored_bytes.saturating_sub(bytes),

@@ -3,13 +3,19 @@
 //!
 //! The commit is checked out in a git worktree under
 //! target/bench-baseline/<commit>/src (as the upgrade test builds its old
-//! release, tests/delivery/upgrade.rs) and built in release with this
-//! tree's target directory, so the dependencies both builds share are
-//! compiled once: the baseline's crates have their own path, hence their
-//! own artifacts. Its binary is copied to target/bench-baseline/<commit>/
-//! before this tree's build puts its own back at target/release/memwatch.
+//! release, tests/delivery/upgrade.rs) and built in release with its own
+//! target directory, target/bench-baseline/<commit>/target, so nothing of
+//! this tree's (target/release/memwatch above all) is overwritten. Its
+//! intermediate artifacts go to this tree's target directory (cargo's
+//! `build-dir`), so the dependencies both builds share are compiled once:
+//! the baseline's own crates have another path, hence their own artifacts.
+//! It is built with the same packages as this tree's release build
+//! (shell::build_bins), so the dependencies' features, and artifacts, match.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context as _, bail};
 
@@ -21,46 +27,72 @@ pub(crate) struct Baseline {
     pub(crate) commit: String,
 }
 
+impl Baseline {
+    /// The short name the tables give it.
+    pub(crate) fn name(&self) -> String {
+        self.commit.chars().take(7).collect()
+    }
+}
+
+/// Where a baseline of `commit` lives under the target directory `target`:
+/// its checkout, its own target directory, and its binary.
+pub(crate) struct Layout {
+    pub(crate) src: PathBuf,
+    pub(crate) target: PathBuf,
+    pub(crate) bin: PathBuf,
+}
+
+impl Layout {
+    pub(crate) fn new(target: &Path, commit: &str) -> Layout {
+        let dir = target.join("bench-baseline").join(commit);
+        let own = dir.join("target");
+        Layout {
+            src: dir.join("src"),
+            bin: own.join("release").join("memwatch"),
+            target: own,
+        }
+    }
+}
+
 /// Checks out `rev` (any name git knows) and builds its `memwatch` in
-/// release; reuses a checkout and a binary made before for the same commit.
+/// release; reuses a checkout made before for the same commit (and cargo
+/// what it built before).
 pub(crate) fn build(rev: &str) -> anyhow::Result<Baseline> {
     let root = shell::workspace_root();
     let commit = git(&["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
         .with_context(|| format!("--baseline {rev}: not a commit of this repository"))?;
-    let dir = root.join("target/bench-baseline").join(&commit);
-    let src = dir.join("src");
-    let bin = dir.join("memwatch");
-    if bin.exists() {
-        eprintln!("xtask: baseline {commit}: {} (built before)", bin.display());
-        return Ok(Baseline { bin, commit });
-    }
-    if !src.join("Cargo.toml").exists() {
-        std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
-        let src_arg = src.display().to_string();
+    let shared = root.join("target");
+    let layout = Layout::new(&shared, &commit);
+    if !layout.src.join("Cargo.toml").exists() {
+        let dir = layout.src.parent().context("the baseline's directory")?;
+        std::fs::create_dir_all(dir).with_context(|| format!("mkdir {}", dir.display()))?;
+        let src_arg = layout.src.display().to_string();
         git(&["worktree", "add", "--force", "--detach", &src_arg, &commit])?;
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!(
+        "xtask: building the baseline {commit} into {}",
+        layout.target.display()
+    );
     let status = Command::new(cargo)
-        .args([
-            "build",
-            "--locked",
-            "--release",
-            "-p",
-            "memwatch",
-            "--bin",
-            "memwatch",
-        ])
-        .current_dir(&src)
-        .env("CARGO_TARGET_DIR", root.join("target"))
+        .args(["build", "--locked", "--release"])
+        .args(["-p", "memwatch", "-p", "memwatch-tests", "--bins"])
+        .current_dir(&layout.src)
+        .env("CARGO_TARGET_DIR", &layout.target)
+        .env("CARGO_BUILD_BUILD_DIR", &shared)
         .status()
         .context("cannot run cargo")?;
     if !status.success() {
         bail!("building the baseline {commit} failed ({status})");
     }
-    std::fs::copy(root.join("target/release/memwatch"), &bin)
-        .with_context(|| format!("copy the baseline's binary to {}", bin.display()))?;
-    eprintln!("xtask: baseline {commit}: {}", bin.display());
-    Ok(Baseline { bin, commit })
+    if !layout.bin.exists() {
+        bail!("the baseline's build made no {}", layout.bin.display());
+    }
+    eprintln!("xtask: baseline {commit}: {}", layout.bin.display());
+    Ok(Baseline {
+        bin: layout.bin,
+        commit,
+    })
 }
 
 /// `git -C <workspace> <args>`'s first line of output.
@@ -91,4 +123,36 @@ pub(crate) fn this_tree() -> String {
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
         .is_ok_and(|first| !first.is_empty());
     if dirty { format!("{head}+") } else { head }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The baseline's binary is its own: never this tree's
+    /// target/release/memwatch, which its build must not overwrite.
+    #[test]
+    fn the_baseline_builds_into_a_target_directory_of_its_own() {
+        let target = Path::new("/w/target");
+        let layout = Layout::new(target, "00cc42cd");
+        assert_eq!(
+            layout.src,
+            Path::new("/w/target/bench-baseline/00cc42cd/src")
+        );
+        assert_eq!(
+            layout.target,
+            Path::new("/w/target/bench-baseline/00cc42cd/target")
+        );
+        assert_eq!(
+            layout.bin,
+            Path::new("/w/target/bench-baseline/00cc42cd/target/release/memwatch")
+        );
+        assert_ne!(layout.bin, target.join("release/memwatch"));
+        let name = Baseline {
+            bin: layout.bin,
+            commit: "00cc42cd303b15f3".into(),
+        }
+        .name();
+        assert_eq!(name, "00cc42c");
+    }
 }

@@ -34,7 +34,12 @@ use memwatch_test_support::{
     webhook::Receiver,
 };
 
-use super::{release_bins, start_agent};
+use super::{
+    baseline::Baseline,
+    builds,
+    compare::{Figure, interleaved},
+    release_bins, segments, start_agent,
+};
 
 #[path = "rivals/mod.rs"]
 pub(super) mod rivals;
@@ -230,30 +235,114 @@ struct Workload {
     pid: Option<u32>,
 }
 
-pub(super) fn delay() -> anyhow::Result<()> {
-    let release = release_bins("the delay benchmark loads the eBPF probe and makes cgroups")?;
-    let receiver = Receiver::start();
-    let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
-    let socket = agent.socket.clone();
+/// One run's figures: per event kind, and the agent's own metrics.
+struct Run {
+    oom: Delays,
+    soft: Delays,
+    metrics: String,
+}
 
-    let oom = measure(&receiver, &OOM, |k| oom_batch(&release, k))?;
-    let soft = measure(&receiver, &SOFT, |k| soft_cap_batch(&release, &socket, k))?;
+impl Delays {
+    /// Pools another run's figures into these.
+    fn absorb(&mut self, other: Delays) {
+        for (mine, theirs) in self.watchers.iter_mut().zip(other.watchers) {
+            mine.delays.extend(theirs.delays);
+            mine.missed += theirs.missed;
+            mine.named += theirs.named;
+            mine.early += theirs.early;
+        }
+        self.events += other.events;
+        self.late += other.late;
+        self.failed += other.failed;
+        self.overruns += other.overruns;
+    }
+}
+
+/// Runs with a baseline: A B B A, so a drift in load favours neither.
+const AB_RUNS: usize = 4;
+
+pub(super) fn delay(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
+    let release = release_bins("the delay benchmark loads the eBPF probe and makes cgroups")?;
+    let builds = builds(&release, baseline);
+    let runs = if builds.len() > 1 { AB_RUNS } else { 1 };
+    let mut pooled: Vec<Option<Run>> = builds.iter().map(|_| None).collect();
+    for (r, b) in interleaved(runs, builds.len()).into_iter().enumerate() {
+        eprintln!("xtask: delay run {r}: {}", builds[b].0);
+        let run = run_once(&release, &builds[b].1)?;
+        pooled[b] = Some(match pooled[b].take() {
+            None => run,
+            Some(mut p) => {
+                p.oom.absorb(run.oom);
+                p.soft.absorb(run.soft);
+                p.metrics = segments::merge(&[&p.metrics, &run.metrics]);
+                p
+            }
+        });
+    }
+    let mut figures: Vec<Vec<(String, f64)>> = Vec::new();
+    for ((name, _), run) in builds.iter().zip(pooled) {
+        let mut run = run.context("every build ran")?;
+        let per_run = runs / builds.len();
+        println!("\n## {name} ({} run(s) pooled)", per_run);
+        figures.push(print_run(&mut run)?);
+    }
+    Ok(compared(&figures))
+}
+
+/// The same figures of every build side by side.
+fn compared(builds: &[Vec<(String, f64)>]) -> Vec<Figure> {
+    let Some(first) = builds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            let values: Vec<f64> = builds
+                .iter()
+                .map(|b| b.get(i).map_or(f64::NAN, |f| f.1))
+                .collect();
+            Figure::new("delay", name.clone(), &values)
+        })
+        .collect()
+}
+
+/// One run of every event with `memwatch` (a binary) as the agent, its
+/// workload binaries from `release`.
+fn run_once(release: &Path, memwatch: &Path) -> anyhow::Result<Run> {
+    let receiver = Receiver::start();
+    let agent = start_agent(memwatch, &["--webhook", &receiver.url()])?;
+    let socket = agent.socket.clone();
+    let oom = measure(&receiver, &OOM, |k| oom_batch(release, k))?;
+    let soft = measure(&receiver, &SOFT, |k| soft_cap_batch(release, &socket, k))?;
     let metrics = http_get(agent.port, "/metrics")?;
     drop(agent);
+    Ok(Run { oom, soft, metrics })
+}
 
+/// Prints a build's tables; returns its figures for the comparison.
+fn print_run(run: &mut Run) -> anyhow::Result<Vec<(String, f64)>> {
     println!(
-        "\nDetection delay: kernel time stamp -> seen ({EVENTS} events each; {} workloads at once)\n",
+        "\nDetection delay: kernel time stamp -> seen ({} events each; {} workloads at once)\n",
+        run.oom.events,
         at_once()?
     );
     println!("| event | watcher | p50 ms | p99 ms | missed | cgroup named | can name |");
     println!("|---|---|---|---|---|---|---|");
     let mut notes = Vec::new();
-    for (name, kind, mut d) in [
-        ("OOM kill (memhog 128 MiB in a 64 MiB cgroup)", &OOM, oom),
+    let mut figures = Vec::new();
+    for (name, short, kind, d) in [
+        (
+            "OOM kill (memhog 128 MiB in a 64 MiB cgroup)",
+            "OOM kill",
+            &OOM,
+            &mut run.oom,
+        ),
         (
             "soft-cap crossing (memwatch exec --soft-cap 32M, memhog 48 MiB)",
+            "soft-cap crossing",
             &SOFT,
-            soft,
+            &mut run.soft,
         ),
     ] {
         let n = d.events;
@@ -266,19 +355,8 @@ pub(super) fn delay() -> anyhow::Result<()> {
                 f.named,
             );
         }
-        notes.push(format!(
-            "{name}: seen before the reference (delay < 0): {}; thresholds registered after \
-             the event (found by their one read) {}, not registered {}; kmsg reader overruns {}",
-            WATCHERS
-                .iter()
-                .zip(&d.watchers)
-                .map(|(w, f)| format!("{w} {}", f.early))
-                .collect::<Vec<_>>()
-                .join(", "),
-            d.late,
-            d.failed,
-            d.overruns
-        ));
+        figures.extend(kind_figures(short, kind, d));
+        notes.push(note(name, d));
     }
     println!();
     for note in notes {
@@ -287,8 +365,49 @@ pub(super) fn delay() -> anyhow::Result<()> {
     println!(
         "\nmemwatch's own segments (its memwatch_event_delay_seconds histograms; p50/p99 interpolated within buckets)\n"
     );
-    print!("{}", super::segments::table(&metrics));
-    Ok(())
+    print!("{}", segments::table(&run.metrics));
+    for (kind, short) in [
+        ("oom_kill", "OOM kill"),
+        ("soft_cap_exceeded", "soft-cap crossing"),
+    ] {
+        let p99 = segments::quantile_ms(&run.metrics, kind, "read_to_sent", 0.99);
+        figures.push((format!("{short}: read_to_sent p99 ms"), p99));
+    }
+    Ok(figures)
+}
+
+/// memwatch's p50 and p99 and misses for one kind; for OOM kills also
+/// the kmsg reader's p99 and memwatch's p99 less it (same run).
+fn kind_figures(short: &str, kind: &Kind, d: &mut Delays) -> Vec<(String, f64)> {
+    let mw = &mut d.watchers[0].delays;
+    let (p50, p99) = (quantile(mw, 0.5), quantile(mw, 0.99));
+    let mut out = vec![
+        (format!("{short} -> webhook p50 ms"), p50),
+        (format!("{short} -> webhook p99 ms"), p99),
+        (format!("{short}: missed"), d.watchers[0].missed as f64),
+    ];
+    if kind.oom {
+        let kmsg = quantile(&mut d.watchers[3].delays, 0.99);
+        out.push((format!("{short}: kmsg reader p99 ms"), kmsg));
+        out.push((format!("{short}: webhook p99 - kmsg p99 ms"), p99 - kmsg));
+    }
+    out
+}
+
+fn note(name: &str, d: &Delays) -> String {
+    format!(
+        "{name}: seen before the reference (delay < 0): {}; thresholds registered after \
+         the event (found by their one read) {}, not registered {}; kmsg reader overruns {}",
+        WATCHERS
+            .iter()
+            .zip(&d.watchers)
+            .map(|(w, f)| format!("{w} {}", f.early))
+            .collect::<Vec<_>>()
+            .join(", "),
+        d.late,
+        d.failed,
+        d.overruns
+    )
 }
 
 /// `ms` with one decimal, or a dash when there is none.

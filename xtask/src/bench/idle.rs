@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{baseline::Baseline, release_bins, start_agent};
+use super::{baseline::Baseline, builds, compare::Figure, release_bins, start_agent};
 
 const COUNTS: [usize; 3] = [100, 1_000, 10_000];
 /// Time left to the agent after start (its first walk of the hierarchy).
@@ -47,13 +47,9 @@ const RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 /// (0: this tree, 1: the baseline): each build is measured first once.
 const ORDER: [usize; 4] = [0, 1, 1, 0];
 
-pub(super) fn idle(baseline: Option<Baseline>) -> anyhow::Result<()> {
-    let memwatch =
-        release_bins("the idle benchmark loads the eBPF probe and makes cgroups")?.join("memwatch");
-    let mut agents = vec![(super::baseline::this_tree(), memwatch)];
-    if let Some(base) = &baseline {
-        agents.push((base.commit[..7].to_string(), base.bin.clone()));
-    }
+pub(super) fn idle(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
+    let release = release_bins("the idle benchmark loads the eBPF probe and makes cgroups")?;
+    let agents = builds(&release, baseline);
     let ticks = clock_ticks();
     // (count, per agent (cpu %, rss MiB), one full walk's CPU ms)
     let mut rows = Vec::new();
@@ -82,7 +78,27 @@ pub(super) fn idle(baseline: Option<Baseline>) -> anyhow::Result<()> {
         rows.push((count, measured, walk_ms));
     }
     print_table(&agents, &rows);
-    Ok(())
+    Ok(figures(&rows))
+}
+
+/// Each count's CPU and RSS, per build.
+fn figures(rows: &[IdleRow]) -> Vec<Figure> {
+    let mut out = Vec::new();
+    for (count, measured, _) in rows {
+        let cpu: Vec<f64> = measured.iter().map(|m| m.0).collect();
+        let rss: Vec<f64> = measured.iter().map(|m| m.1).collect();
+        out.push(Figure::new(
+            "idle",
+            format!("{count} cgroups: CPU % of a core"),
+            &cpu,
+        ));
+        out.push(Figure::new(
+            "idle",
+            format!("{count} cgroups: RSS MiB"),
+            &rss,
+        ));
+    }
+    out
 }
 
 /// One agent started, left to settle, its CPU over [`WINDOW`] (% of a

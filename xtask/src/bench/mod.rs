@@ -12,6 +12,7 @@ use memwatch_test_support::{
 use crate::shell;
 
 mod baseline;
+mod compare;
 mod delay;
 mod guard;
 mod idle;
@@ -20,28 +21,59 @@ mod segments;
 mod storm;
 mod tasks;
 
-/// Runs benchmark `which`; with `baseline`, also the agent built from that
-/// commit, beside this tree's on the same workload (idle and tasks).
+use self::{
+    baseline::Baseline,
+    compare::{Bench, Figure},
+};
+
+/// Runs benchmark `which` (`all`: the quick ones, one after the other);
+/// with `baseline`, also the agent built from that commit, beside this
+/// tree's on the same workload, and prints each figure for both and their
+/// ratio. Ends with one table of every figure measured.
 pub(crate) fn run(which: Option<&str>, baseline: Option<&str>) -> anyhow::Result<()> {
-    let which = which.unwrap_or("overhead");
-    let baseline = match (which, baseline) {
-        (_, None) => None,
-        ("idle" | "tasks", Some(rev)) => Some(baseline::build(rev)?),
-        (other, Some(_)) => {
-            bail!("`--baseline` is supported by `idle` and `tasks`, not yet by `{other}`")
-        }
-    };
-    match which {
-        "overhead" => overhead::overhead(),
-        "delay" => delay::delay(),
-        "idle" => idle::idle(baseline),
-        "storm" => storm::storm(),
-        "guard" => guard::guard(),
-        "tasks" => tasks::tasks(baseline),
-        other => {
-            bail!("unknown benchmark `{other}` (known: overhead, delay, idle, storm, guard, tasks)")
-        }
+    let benches = compare::parse(which, baseline.is_some())?;
+    if !is_root() {
+        bail!("benchmarks load the eBPF probe and make cgroups: run them as root");
     }
+    let baseline = baseline.map(baseline::build).transpose()?;
+    let mut figures = Vec::new();
+    for bench in benches {
+        eprintln!("xtask: bench {}", bench.name());
+        figures.extend(run_one(bench, baseline.as_ref())?);
+    }
+    let base = baseline.as_ref().map(Baseline::name);
+    println!(
+        "\nSummary ({}{})\n",
+        baseline::this_tree(),
+        base.as_ref()
+            .map_or(String::new(), |b| format!(" against {b}"))
+    );
+    print!(
+        "{}",
+        compare::table(&baseline::this_tree(), base.as_deref(), &figures)
+    );
+    Ok(())
+}
+
+fn run_one(bench: Bench, baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
+    match bench {
+        Bench::Overhead => overhead::overhead(baseline),
+        Bench::Delay => delay::delay(baseline),
+        Bench::Idle => idle::idle(baseline),
+        Bench::Storm => storm::storm(baseline),
+        Bench::Guard => guard::guard().map(|()| Vec::new()),
+        Bench::Tasks => tasks::tasks(baseline),
+    }
+}
+
+/// The agents a benchmark runs: this tree's `memwatch` in `release`, then
+/// the baseline's; each with the name its table gives it.
+pub(crate) fn builds(release: &Path, baseline: Option<&Baseline>) -> Vec<(String, PathBuf)> {
+    let mut builds = vec![(baseline::this_tree(), release.join("memwatch"))];
+    if let Some(base) = baseline {
+        builds.push((base.name(), base.bin.clone()));
+    }
+    builds
 }
 
 /// Checks for root (saying why `what` needs it), builds the agent and the

@@ -13,7 +13,17 @@ use std::{
 use anyhow::{Context as _, bail};
 use memwatch_test_support::{http::http_get, metrics::metric, stats::median};
 
-use super::{release_bins, start_agent};
+use super::{
+    baseline::Baseline,
+    builds,
+    compare::{self, Figure},
+    release_bins, start_agent,
+};
+
+/// A configuration: its name, and the agent binary and flags (or none).
+type Config<'a> = (String, Option<(&'a Path, &'a [&'a str])>);
+/// A workload run once: its time in seconds.
+type Workload<'a> = &'a dyn Fn() -> anyhow::Result<f64>;
 
 /// Rounds per configuration.
 const ROUNDS: usize = 5;
@@ -21,81 +31,128 @@ const ROUNDS: usize = 5;
 /// Probe overhead: no agent, an empty program on the growth hook, and the
 /// agent with its default probe, on a page-fault-heavy workload and on a
 /// realistic one (a parallel C build and a sort/compress data pipeline).
-pub(super) fn overhead() -> anyhow::Result<()> {
+/// With a baseline, its agent is one more configuration of the same
+/// rounds, and the figures compare the two agents' slowdowns.
+pub(super) fn overhead(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the overhead benchmark loads the eBPF probe")?;
     let faultbench = release.join("faultbench");
-    let memwatch = release.join("memwatch");
+    let agents = builds(&release, baseline);
     let job = DataJob::prepare()?;
-    let workloads: [(&str, &dyn Fn() -> anyhow::Result<f64>); 2] = [
+    let workloads: [(&str, &str, Workload<'_>); 2] = [
         (
+            "faultbench",
             "faultbench (mmap 2 GiB, touch every 4 KiB page, unmap; 3 times; THP off)",
             &|| time_workload(&faultbench),
         ),
         (
+            "build + data job",
             "build + data job (gcc -O2 of 12 generated C files, 2 in parallel; \
              seq | sort -R | gzip | gunzip | sort -n of 300 k lines)",
             &|| job.run(),
         ),
     ];
-    let configs = [
-        "no agent",
-        "empty program on the same hooks",
-        "memwatch run (default probe)",
+    let mut configs: Vec<Config<'_>> = vec![
+        ("no agent".into(), None),
+        (
+            "empty program on the same hooks".into(),
+            Some((&agents[0].1, &["--probe-floor"])),
+        ),
     ];
-    for (title, workload) in workloads {
-        let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-        for round in 0..ROUNDS {
-            // Rotate the order so drift favours none.
-            let order: Vec<usize> = (0..configs.len())
-                .map(|k| (k + round) % configs.len())
-                .collect();
-            for i in order {
-                let agent = match i {
-                    0 => None,
-                    1 => Some(start_agent(&memwatch, &["--probe-floor"])?),
-                    _ => Some(start_agent(&memwatch, &[])?),
-                };
-                let secs = workload()?;
-                drop(agent);
-                eprintln!("xtask: round {round}: {:<30} {secs:.3}s", configs[i]);
-                times[i].push(secs);
-            }
-        }
-        let base = median(&mut times[0].clone());
-        let floor = median(&mut times[1].clone());
-        println!("\nProbe overhead: {title}");
-        println!("median of {ROUNDS} interleaved rounds\n");
-        println!("| configuration | median time | ratio vs no agent | ratio vs empty program |");
-        println!("|---|---|---|---|");
-        for (name, samples) in configs.iter().zip(&mut times) {
-            let m = median(samples);
-            println!("| {name} | {m:.3} s | {:.3} | {:.3} |", m / base, m / floor);
+    for (name, bin) in &agents {
+        configs.push((
+            format!("memwatch run {name} (default probe)"),
+            Some((bin, &[])),
+        ));
+    }
+    let mut figures = Vec::new();
+    for (short, title, workload) in workloads {
+        let mut medians = rounds(&configs, workload)?;
+        print_times(title, &configs, &mut medians);
+        let slowdown: Vec<f64> = medians[2..].iter().map(|m| m / medians[0]).collect();
+        figures.push(Figure::new(
+            "overhead",
+            format!("{short}: time ratio vs no agent"),
+            &slowdown,
+        ));
+    }
+    let mut costs = Vec::new();
+    for (name, bin) in &agents {
+        let (program, runs, seconds) =
+            program_cost(bin, &|| time_workload(&faultbench), &[], "growth_btf")?;
+        costs.push((format!("{program} ({name})"), runs, seconds));
+    }
+    let floor = program_cost(
+        &agents[0].1,
+        &|| time_workload(&faultbench),
+        &["--probe-floor"],
+        "growth_floor_btf",
+    )?;
+    let job_cost = program_cost(&agents[0].1, &|| job.run(), &[], "growth_btf")?;
+    let per_run: Vec<f64> = costs.iter().map(|c| c.2 * 1e9 / c.1.max(1.0)).collect();
+    figures.push(Figure::new(
+        "overhead",
+        "faultbench: growth program ns per run",
+        &per_run,
+    ));
+    print_costs(floor, costs, job_cost);
+    Ok(figures)
+}
+
+/// [`ROUNDS`] interleaved rounds of `workload` under each configuration
+/// (an agent binary and its flags, or none); each one's median time.
+fn rounds(configs: &[Config<'_>], workload: Workload<'_>) -> anyhow::Result<Vec<f64>> {
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..ROUNDS {
+        // Rotate the order so drift favours none.
+        for k in 0..configs.len() {
+            let i = (k + round) % configs.len();
+            let agent = match configs[i].1 {
+                None => None,
+                Some((bin, flags)) => Some(start_agent(bin, flags)?),
+            };
+            let secs = workload()?;
+            drop(agent);
+            eprintln!("xtask: round {round}: {:<40} {secs:.3}s", configs[i].0);
+            times[i].push(secs);
         }
     }
-    let per_run = [
-        program_cost(
-            &memwatch,
-            &|| time_workload(&faultbench),
-            &["--probe-floor"],
-            "growth_floor_btf",
-        )?,
-        program_cost(&memwatch, &|| time_workload(&faultbench), &[], "growth_btf")?,
-        program_cost(&memwatch, &|| job.run(), &[], "growth_btf")?,
-    ];
+    Ok(times.iter_mut().map(|t| median(t)).collect())
+}
+
+fn print_times(title: &str, configs: &[Config<'_>], medians: &mut [f64]) {
+    let (base, floor) = (medians[0], medians[1]);
+    println!("\nProbe overhead: {title}");
+    println!("median of {ROUNDS} interleaved rounds\n");
+    println!("| configuration | median time | ratio vs no agent | ratio vs empty program |");
+    println!("|---|---|---|---|");
+    for ((name, _), m) in configs.iter().zip(medians.iter()) {
+        println!("| {name} | {m:.3} s | {:.3} | {:.3} |", m / base, m / floor);
+    }
+    if let [.., now, then] = medians[2..] {
+        println!(
+            "\nthis tree / baseline, median time under the agent: {}",
+            compare::ratio_cell(now, Some(then))
+        );
+    }
+}
+
+type Cost = (String, f64, f64);
+
+fn print_costs(floor: Cost, faultbench: Vec<Cost>, job: Cost) {
     println!(
-        "\nCost of the growth program itself (kernel run-time statistics; one faultbench run, \
-         then one build + data job run):\n"
+        "\nCost of the growth program itself (kernel run-time statistics; one faultbench run \
+         each, then one build + data job run):\n"
     );
     println!("| program | runs | ns per run | total ms |");
     println!("|---|---|---|---|");
-    for (program, runs, seconds) in per_run {
+    let job = (format!("{} (build + data job)", job.0), job.1, job.2);
+    for (program, runs, seconds) in std::iter::once(floor).chain(faultbench).chain([job]) {
         println!(
             "| {program} | {runs:.0} | {:.1} | {:.1} |",
             seconds * 1e9 / runs.max(1.0),
             seconds * 1e3
         );
     }
-    Ok(())
 }
 
 /// A realistic job: a parallel build of generated C sources, then a data

@@ -33,6 +33,9 @@ use memwatch_test_support::{
 };
 
 use super::{
+    baseline::Baseline,
+    builds,
+    compare::{Figure, interleaved},
     delay::{
         MEMORY, ms, oom_control_kills,
         rivals::{Kmsg, KmsgSeen, Thresholds, ThresholdsSeen, Watch},
@@ -75,8 +78,7 @@ impl Drop for Cgroups {
 
 // Long: the storm's phases (setup, kills, churn, counting) share the
 // receiver, agents and counters; could be split into named steps later.
-pub(super) fn storm() -> anyhow::Result<()> {
-    let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
+fn storm_once(memwatch: &Path) -> anyhow::Result<StormRun> {
     let receiver = Receiver::start();
 
     // Left over from an interrupted run: its cgroups would hold old counters.
@@ -101,7 +103,7 @@ pub(super) fn storm() -> anyhow::Result<()> {
         }
     }
 
-    let agent = start_agent(&release.join("memwatch"), &["--webhook", &receiver.url()])?;
+    let agent = start_agent(memwatch, &["--webhook", &receiver.url()])?;
     let agent_pid = agent.pid().context("the agent runs")?;
     // The rivals watch from before the first kill to after the drain.
     let kmsg = Kmsg::start()?;
@@ -307,10 +309,60 @@ pub(super) fn storm() -> anyhow::Result<()> {
             "xtask: the cgroups counted {counters} OOM kills, the bench saw {kills} children die of SIGKILL"
         );
     }
-    if lost > 0 || misattributed > 0 || foreign > 0 {
-        bail!("{lost} kills lost, {misattributed} misattributed, {foreign} not the bench's");
+    let figures = vec![
+        ("kills/min".to_string(), per_minute),
+        ("lost".to_string(), lost as f64),
+        ("p50 ms".to_string(), quantile(&mut delays, 0.5)),
+        ("p99 ms".to_string(), quantile(&mut delays, 0.99)),
+        ("agent CPU % of a core, storm".to_string(), cpu_during),
+        (
+            "agent CPU % of a core, storm + drain".to_string(),
+            cpu_total,
+        ),
+        (
+            "agent RSS MiB, storm peak".to_string(),
+            storm_rss_kib as f64 / 1024.0,
+        ),
+    ];
+    let failed = (lost > 0 || misattributed > 0 || foreign > 0).then(|| {
+        format!("{lost} kills lost, {misattributed} misattributed, {foreign} not the bench's")
+    });
+    Ok(StormRun { figures, failed })
+}
+
+/// One storm's figures for the comparison, and what went wrong.
+struct StormRun {
+    figures: Vec<(String, f64)>,
+    failed: Option<String>,
+}
+
+/// Storms with a baseline: this tree's, then the baseline's (each is a
+/// minute of kills and up to a minute of drain, so one each).
+const AB_RUNS: usize = 2;
+
+pub(super) fn storm(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
+    let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
+    let builds = builds(&release, baseline);
+    let runs = if builds.len() > 1 { AB_RUNS } else { 1 };
+    let mut done: Vec<Option<StormRun>> = builds.iter().map(|_| None).collect();
+    for b in interleaved(runs, builds.len()) {
+        println!("\n## {}", builds[b].0);
+        done[b] = Some(storm_once(&builds[b].1)?);
     }
-    Ok(())
+    let done: Vec<StormRun> = done.into_iter().flatten().collect();
+    let figures = done[0]
+        .figures
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            let values: Vec<f64> = done.iter().map(|r| r.figures[i].1).collect();
+            Figure::new("storm", name.clone(), &values)
+        })
+        .collect();
+    if let Some(failed) = done.iter().find_map(|r| r.failed.as_ref()) {
+        bail!("{failed}");
+    }
+    Ok(figures)
 }
 
 /// memwatch's figures in the rivals' table.

@@ -32,7 +32,9 @@ use memwatch_test_support::{
 };
 
 use super::{
-    baseline::{self, Baseline},
+    baseline::Baseline,
+    builds,
+    compare::Figure,
     idle::{clock_ticks, cpu_ticks, status_kib},
     release_bins, start_agent,
 };
@@ -189,13 +191,9 @@ impl Agents {
     }
 }
 
-pub(super) fn tasks(baseline: Option<Baseline>) -> anyhow::Result<()> {
-    let bin = release_bins("the tasks benchmark loads the eBPF probe and makes cgroups")?
-        .join("memwatch");
-    let mut builds = vec![(baseline::this_tree(), bin)];
-    if let Some(base) = &baseline {
-        builds.push((base.commit[..7].to_string(), base.bin.clone()));
-    }
+pub(super) fn tasks(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
+    let release = release_bins("the tasks benchmark loads the eBPF probe and makes cgroups")?;
+    let builds = builds(&release, baseline);
     let config = config(&std::env::temp_dir())?;
     let config = config.display().to_string();
     let mut workload = Workload::new()?;
@@ -213,7 +211,28 @@ pub(super) fn tasks(baseline: Option<Baseline>) -> anyhow::Result<()> {
     drop(running);
     drop(workload);
     print_table(&builds, &rows, stopped);
-    Ok(())
+    Ok(figures(&rows))
+}
+
+/// Each level's registration p99 and idle CPU, per build.
+fn figures(rows: &[Row]) -> Vec<Figure> {
+    let mut out = Vec::new();
+    for r in rows {
+        let p99: Vec<f64> = r.builds.iter().map(|f| f.p99_ms).collect();
+        let cpu: Vec<f64> = r.builds.iter().map(|f| f.cpu_percent).collect();
+        let tasks = r.tasks;
+        out.push(Figure::new(
+            "tasks",
+            format!("{tasks} tasks: registration p99 ms"),
+            &p99,
+        ));
+        out.push(Figure::new(
+            "tasks",
+            format!("{tasks} tasks: idle CPU % of a core"),
+            &cpu,
+        ));
+    }
+    out
 }
 
 /// Fills every level and measures it; the rows, and why it stopped early.

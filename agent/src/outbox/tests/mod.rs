@@ -2,6 +2,7 @@
 
 mod corrupt;
 mod epochs;
+mod window;
 
 use std::collections::HashSet;
 
