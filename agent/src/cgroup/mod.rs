@@ -18,6 +18,7 @@ pub(crate) mod limits;
 pub(crate) mod memory;
 pub(crate) mod oom;
 pub(crate) mod pressure;
+pub(crate) mod safe;
 
 /// Which cgroup version carries the memory controller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -7,7 +7,7 @@ use std::{
     future::pending,
     io,
     os::{fd::AsRawFd as _, unix::process::ExitStatusExt as _},
-    path::PathBuf,
+    path::{Path, PathBuf},
     pin::pin,
     process::ExitStatus,
 };
@@ -16,23 +16,31 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing::warn;
 
 use crate::{
-    cgroup::{MemoryHierarchy, OwnedCgroup},
+    cgroup::{
+        MemoryHierarchy, OwnedCgroup,
+        safe::{self, CreateError},
+    },
     cmd::ExecArgs,
     cmd::client::{AgentClient, Registered},
     cmd::warn::{self, Cursor, WarnPolicy, WarnSignal},
     daemon::status::AgentStatus,
 };
 
-/// The agent rejected the task: its worker is unhealthy (EX_TEMPFAIL: try
-/// elsewhere).
 /// Environment variables exec removes from its child's.
 const MEMWATCH_ENV_PREFIX: &str = "MEMWATCH_";
+/// The parent of tasks of a worker without a cgroup, in the memory root.
+const SHARED_PARENT: &str = "memwatch";
 
+/// The agent rejected the task: its worker is unhealthy (EX_TEMPFAIL: try
+/// elsewhere).
 pub(crate) const EXIT_REJECTED: u8 = 75;
 /// The agent could not be asked, or refused the request (EX_UNAVAILABLE).
 pub(crate) const EXIT_AGENT_UNAVAILABLE: u8 = 69;
-/// The task's cgroup could not be made (EX_OSERR).
+/// The task's cgroup could not be made (EX_OSERR), or its parent is not a
+/// cgroup directory reached without a symlink.
 pub(crate) const EXIT_SETUP: u8 = 71;
+/// The task's cgroup exists already (EX_CANTCREAT): never taken over.
+pub(crate) const EXIT_CGROUP_EXISTS: u8 = 73;
 /// As shells do: found but not runnable, and not found.
 pub(crate) const EXIT_CANNOT_RUN: u8 = 126;
 pub(crate) const EXIT_NOT_FOUND: u8 = 127;
@@ -57,11 +65,15 @@ pub(crate) async fn exec(args: &ExecArgs) -> u8 {
         epoch: status.outbox.epoch.clone(),
         after: status.outbox.last_seq,
     };
-    let cgroup = match make_cgroup(parent.join(cgroup_name(&task_id)), args.hard_cap) {
+    let cgroup = match make_cgroup(&parent, &task_id, args.hard_cap) {
         Ok(cgroup) => cgroup,
         Err(error) => {
+            let code = match error {
+                CreateError::Exists(_) => EXIT_CGROUP_EXISTS,
+                _ => EXIT_SETUP,
+            };
             return fail(
-                EXIT_SETUP,
+                code,
                 anyhow::anyhow!("cannot set up the task's cgroup: {error}"),
             );
         }
@@ -243,30 +255,49 @@ fn task_parent(status: &AgentStatus, worker: Option<&str>) -> anyhow::Result<Pat
         return Ok(PathBuf::from(cgroup));
     }
     let hierarchy = MemoryHierarchy::discover()?;
-    Ok(hierarchy.root.join("memwatch"))
+    Ok(hierarchy.root.join(SHARED_PARENT))
 }
 
-fn make_cgroup(path: PathBuf, hard_cap: Option<u64>) -> io::Result<OwnedCgroup> {
-    let cgroup = OwnedCgroup::create(path)?;
+/// The task's cgroup, made new in `parent` (checked: a cgroup directory
+/// reached without a symlink), with its hard cap.
+fn make_cgroup(
+    parent: &Path,
+    task_id: &str,
+    hard_cap: Option<u64>,
+) -> Result<OwnedCgroup, CreateError> {
+    // The shared parent is made on first use, on the checked root.
+    if parent.file_name().is_some_and(|n| n == SHARED_PARENT)
+        && let Some(root) = parent.parent()
+    {
+        safe::ensure_dir_in(root, SHARED_PARENT)?;
+    }
+    let cgroup = safe::create_in(parent, &cgroup_name(task_id))?;
     if let Some(bytes) = hard_cap {
-        cgroup.set_hard_limit(bytes)?;
+        cgroup
+            .set_hard_limit(bytes)
+            .map_err(|source| CreateError::Io {
+                path: cgroup.path().to_path_buf(),
+                source,
+            })?;
     }
     Ok(cgroup)
 }
 
-/// A directory name for a task id: path separators and dots made safe.
+/// A directory name for a task id, one to one: ASCII letters, digits and
+/// `-` stay, `_` becomes `__`, any other byte `_XX` (its hex), so no two
+/// ids share a name (`a.b` is `task-a_2Eb`, `a_b` is `task-a__b`) and none
+/// leaves its parent.
 fn cgroup_name(task_id: &str) -> String {
-    let name: String = task_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("task-{name}")
+    let mut name = String::with_capacity(task_id.len() + 5);
+    name.push_str("task-");
+    for byte in task_id.bytes() {
+        match byte {
+            b'_' => name.push_str("__"),
+            b if b.is_ascii_alphanumeric() || b == b'-' => name.push(char::from(b)),
+            b => name.push_str(&format!("_{b:02X}")),
+        }
+    }
+    name
 }
 
 /// `exec-<pid>-<millis>`; inside a Slurm job `slurm-<job id>-<pid>-<millis>`,
@@ -292,12 +323,45 @@ fn fail(code: u8, error: anyhow::Error) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     #[test]
-    fn cgroup_names_cannot_escape_their_parent() {
-        assert_eq!(cgroup_name("../../etc"), "task-______etc");
-        assert_eq!(cgroup_name("job-7_a"), "task-job-7_a");
+    fn cgroup_names_cannot_escape_their_parent_and_never_collide() {
+        assert_eq!(cgroup_name("../../etc"), "task-_2E_2E_2F_2E_2E_2Fetc");
+        assert_eq!(cgroup_name("job-7_a"), "task-job-7__a");
+        // These all were `task-a_b` once.
+        let ids = [
+            "a.b", "a_b", "a/b", "a b", "a__b", "a_2Eb", "a\u{e9}b", "a\u{c3}b",
+        ];
+        let names: BTreeSet<String> = ids.iter().map(|id| cgroup_name(id)).collect();
+        assert_eq!(names.len(), ids.len(), "{names:?}");
+        for name in &names {
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{name}"
+            );
+        }
+    }
+
+    /// Every id of up to 3 characters from an alphabet holding the escape
+    /// characters themselves: no two names are the same.
+    #[test]
+    fn cgroup_names_are_one_to_one_on_every_short_id() {
+        let alphabet = ['a', '_', '2', 'E', '.', '-', '/'];
+        let mut ids = vec![String::new()];
+        for _ in 0..3 {
+            let longer: Vec<String> = ids
+                .iter()
+                .flat_map(|id| alphabet.iter().map(move |c| format!("{id}{c}")))
+                .collect();
+            ids.extend(longer);
+        }
+        let ids: BTreeSet<String> = ids.into_iter().collect();
+        let names: BTreeSet<String> = ids.iter().map(|id| cgroup_name(id)).collect();
+        assert_eq!(names.len(), ids.len());
     }
 
     #[test]

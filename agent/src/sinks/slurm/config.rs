@@ -3,6 +3,8 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
+use super::cgroup_proof::{DEFAULT_CGROUP_ROOTS, check_root};
+
 use serde::Deserialize;
 
 use crate::sinks::{
@@ -40,6 +42,10 @@ pub struct SlurmConfig {
     pub drain: bool,
     pub requeue: RequeuePolicy,
     pub max_requeues: u32,
+    /// Where Slurm's cgroup plugins keep jobs: a `job_<N>` cgroup proves
+    /// job N only under one of these, in root-owned directories
+    /// (cgroup_proof.rs).
+    pub cgroup_roots: Vec<PathBuf>,
     /// The cluster guard: nodes of the node's partitions that must stay
     /// open (`min_remaining`, `min_remaining_fraction`).
     pub guard: Guard,
@@ -59,6 +65,7 @@ struct SlurmFile {
     drain: Option<bool>,
     requeue: Option<RequeuePolicy>,
     max_requeues: Option<u32>,
+    cgroup_roots: Option<Vec<PathBuf>>,
     min_remaining: Option<usize>,
     min_remaining_fraction: Option<f64>,
 }
@@ -85,6 +92,12 @@ impl SlurmConfig {
                 ));
             }
         }
+        let cgroup_roots = file
+            .cgroup_roots
+            .unwrap_or_else(|| DEFAULT_CGROUP_ROOTS.iter().map(PathBuf::from).collect());
+        for root in &cgroup_roots {
+            check_root(root).map_err(|why| table.invalid("cgroup_roots", why))?;
+        }
         Ok(Self {
             name: file.name.unwrap_or_else(|| table.default_name()),
             scontrol,
@@ -92,6 +105,7 @@ impl SlurmConfig {
             drain: file.drain.unwrap_or(true),
             requeue: file.requeue.unwrap_or_default(),
             max_requeues: file.max_requeues.unwrap_or(DEFAULT_SLURM_MAX_REQUEUES),
+            cgroup_roots,
             guard,
             delivery,
         })
@@ -120,6 +134,19 @@ mod tests {
         assert!(e.to_string().contains("slurm[0].timeout"), "{e}");
         let e = slurm("requeue = \"sometimes\"").unwrap_err();
         assert!(e.to_string().contains("slurm[0]"), "{e}");
+        assert_eq!(
+            s.cgroup_roots,
+            DEFAULT_CGROUP_ROOTS.map(PathBuf::from).to_vec()
+        );
+        let s = slurm("cgroup_roots = [\"/sys/fs/cgroup/memory/slurm_n1\"]").unwrap();
+        assert_eq!(
+            s.cgroup_roots,
+            [PathBuf::from("/sys/fs/cgroup/memory/slurm_n1")]
+        );
+        for bad in ["[\"slurm\"]", "[\"/\"]", "[\"/sys/fs/../slurm\"]"] {
+            let e = slurm(&format!("cgroup_roots = {bad}")).unwrap_err();
+            assert!(e.to_string().contains("slurm[0].cgroup_roots"), "{e}");
+        }
         let e = slurm("connect_timeout = \"1s\"").unwrap_err();
         assert!(
             e.to_string().contains("unknown field `connect_timeout`"),

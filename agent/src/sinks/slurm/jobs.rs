@@ -104,15 +104,14 @@ impl JobProofs {
     }
 
     async fn job_of(&self, pid: i32, worker: Option<&str>) -> Option<u64> {
-        // Only a worker mapped to a node names one; else the host's own
-        // slurmd answers, as scontrol finds it.
-        let node = worker.and_then(|w| self.nodes.get(w));
+        // The slurmd of the node memwatch acts on for this worker (its
+        // `nodes` entry, else the agent's node name) answers, not whichever
+        // slurmd scontrol would find first where one host runs several.
+        let node = worker
+            .and_then(|w| self.nodes.get(w))
+            .unwrap_or(&self.default_node);
         let args = ["pidinfo".to_string(), pid.to_string()];
-        let env: Vec<(&str, &str)> = node
-            .map(|n| ("SLURMD_NODENAME", n.as_str()))
-            .into_iter()
-            .collect();
-        let node = node.unwrap_or(&self.default_node);
+        let env = [("SLURMD_NODENAME", node.as_str())];
         match scontrol::run_with_env(&self.scontrol, &args, &env, self.timeout).await {
             Ok(out) => job_in(&out),
             Err(error) => {
@@ -152,7 +151,8 @@ mod tests {
         let fake = dir.path().join("scontrol");
         std::fs::write(
             &fake,
-            "#!/bin/sh\n[ \"$1 $2 $SLURMD_NODENAME\" = 'pidinfo 4242 n2' ] && \
+            "#!/bin/sh\necho \"$1 $2 $SLURMD_NODENAME\" >> \"$(dirname \"$0\")/asked\"\n\
+             [ \"$1 $2 $SLURMD_NODENAME\" = 'pidinfo 4242 n2' ] && \
              echo 'Slurm JobId=7 ends at Unknown' && exit 0\n\
              echo 'slurm_pid2jobid: Process not managed by Slurm' >&2; exit 1\n",
         )
@@ -168,9 +168,15 @@ mod tests {
         };
         proofs.check("slurm-7-0", Some("w2"), Some(4242)).await;
         assert_eq!(proofs.job_of_task("slurm-7-0"), Some(7));
-        // The same pid asked of another node's slurmd: no proof.
+        // The same pid asked of another node's slurmd (an unmapped
+        // worker's node is the agent's, n1): no proof.
         proofs.check("slurm-7-1", Some("w1"), Some(4242)).await;
         assert_eq!(proofs.job_of_task("slurm-7-1"), None);
+        let asked = std::fs::read_to_string(dir.path().join("asked")).unwrap();
+        assert_eq!(
+            asked, "pidinfo 4242 n2\npidinfo 4242 n1\n",
+            "SLURMD_NODENAME each time"
+        );
         // Re-registered under the same id without a pid (HTTP): erased.
         proofs.check("slurm-7-0", Some("w2"), None).await;
         assert_eq!(proofs.job_of_task("slurm-7-0"), None);

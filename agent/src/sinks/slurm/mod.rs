@@ -9,9 +9,11 @@
 //! - `worker_recovered` → `State=RESUME` for a node in that file, once no
 //!   worker of the node is unhealthy, and only while its reason is still
 //!   memwatch's (an operator who re-drained it keeps it drained).
-//! - `oom_kill` of a job: the job id is the `job_<N>` component of the
-//!   victim's cgroup (Slurm's cgroup plugins), or the `slurm-<N>-…` task id
-//!   `memwatch exec` gives a task inside a job. Policy `other_node`:
+//! - `oom_kill` of a job: the job is the `job_<N>` component of the
+//!   victim's cgroup when that is Slurm's own (under `cgroup_roots`, in
+//!   root-owned directories: cgroup_proof.rs), or the job Slurm placed the
+//!   task's registering process in (jobs.rs); a `slurm-<N>-…` task id alone
+//!   is only a name, and requeues nothing. Policy `other_node`:
 //!   `scontrol requeue <N>`, `update JobId=<N> ExcNodeList=<node it ran on>`,
 //!   `update JobId=<N> StartTime=now` (a requeued job otherwise waits ~2
 //!   minutes); `any_node` skips the exclusion; at most `max_requeues` per job.
@@ -22,6 +24,7 @@
 //! `status` and not retried. Events of a retried batch already acted on are
 //! skipped (the last handled seq is in the same file).
 
+mod cgroup_proof;
 mod config;
 mod drain;
 mod jobs;
@@ -33,6 +36,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fs, io,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -42,8 +46,12 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub(crate) use self::config::{RequeuePolicy, SlurmConfig};
+use self::{
+    cgroup_proof::{CgroupRoots, HostDirs},
+    nodes::Node,
+    scontrol::ScontrolError,
+};
 pub(crate) use self::{jobs::JobProofs, requeue::job_id};
-use self::{nodes::Node, scontrol::ScontrolError};
 use crate::{
     model::event::{Event, EventKind},
     record::Recorder,
@@ -129,6 +137,8 @@ pub(crate) struct SlurmSink {
     actions: Actions,
     /// Which job Slurm placed each task's process in (jobs.rs).
     proofs: Option<JobProofs>,
+    /// Where a `job_<N>` cgroup proves its job (cgroup_proof.rs).
+    cgroup_roots: CgroupRoots,
 }
 
 impl SlurmSink {
@@ -175,7 +185,9 @@ impl SlurmSink {
             Err(e) if e.kind() == io::ErrorKind::NotFound => SlurmState::default(),
             Err(e) => return Err(e),
         };
+        let cgroup_roots = CgroupRoots::new(config.cgroup_roots.clone(), Arc::new(HostDirs));
         Ok(Self {
+            cgroup_roots,
             default_node,
             path,
             state,
@@ -267,7 +279,8 @@ impl SlurmSink {
                 self.resume(w).await
             }
             (EventKind::OomKill, _) if self.config.requeue != RequeuePolicy::Never => {
-                let Some((job, proven)) = job_id(event, self.proofs.as_ref()) else {
+                let Some((job, unproven)) = job_id(event, self.proofs.as_ref(), &self.cgroup_roots)
+                else {
                     return Ok(());
                 };
                 // Found in the kernel's counters after the fact, the job may
@@ -275,13 +288,8 @@ impl SlurmSink {
                 // loss, verdicts wait one window; a task id is only a name.
                 let held = if event.body.recovered == Some(true) {
                     Some("its OOM kill was recovered after the fact, not seen live".to_string())
-                } else if !proven {
-                    Some(
-                        "Slurm never said the task's process belongs to that job (the task id \
-                         is only a name: register it over the local socket, as `memwatch exec` \
-                         does, so that the agent can ask `scontrol pidinfo`)"
-                            .to_string(),
-                    )
+                } else if let Some(why) = unproven {
+                    Some(why)
                 } else {
                     self.gate.holds()
                 };

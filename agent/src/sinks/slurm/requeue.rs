@@ -2,6 +2,9 @@
 
 use tracing::{info, warn};
 
+use std::path::Path;
+
+use super::cgroup_proof::{CgroupJob, CgroupRoots};
 use super::jobs::JobProofs;
 use super::{
     PENDING_POLL, RequeuePolicy, SlurmSink,
@@ -81,24 +84,37 @@ impl SlurmSink {
     }
 }
 
-/// The Slurm job of an `oom_kill` event, and whether Slurm vouches for it:
-/// a `job_<N>` cgroup component (made by Slurm's cgroup plugins) or the
-/// job Slurm placed the task's registering process in (jobs.rs) are
-/// proof; a `slurm-<N>-…` task id alone is only a name: `(N, false)`.
-pub(crate) fn job_id(event: &Event, proofs: Option<&JobProofs>) -> Option<(u64, bool)> {
-    let from_cgroup = event.body.cgroup.as_deref().and_then(|path| {
-        path.split('/')
-            .rev()
-            .find_map(|part| part.strip_prefix("job_")?.parse().ok())
-    });
+/// Why a task id names a job but proves nothing.
+const ONLY_A_NAME: &str = "Slurm never said the task's process belongs to that job (the task id \
+     is only a name: register it over the local socket, as `memwatch exec` does, so that the \
+     agent can ask `scontrol pidinfo`)";
+
+/// The Slurm job of an `oom_kill` event, and why Slurm does not vouch for
+/// it when it does not (`None`: proven). Proof is Slurm's own `job_<N>`
+/// cgroup (cgroup_proof.rs) or the job Slurm placed the task's registering
+/// process in (jobs.rs); a user-made `job_<N>` cgroup or a `slurm-<N>-…`
+/// task id alone is only a name: `(N, Some(why))`.
+pub(crate) fn job_id(
+    event: &Event,
+    proofs: Option<&JobProofs>,
+    roots: &CgroupRoots,
+) -> Option<(u64, Option<String>)> {
+    let from_cgroup = event
+        .body
+        .cgroup
+        .as_deref()
+        .map_or(CgroupJob::None, |path| roots.job_of(Path::new(path)));
+    if let CgroupJob::Proven(job) = from_cgroup {
+        return Some((job, None));
+    }
     let task_id = event.body.task_id.as_deref();
-    let proven = || proofs?.job_of_task(task_id?);
-    let named = || {
-        let rest = task_id?.strip_prefix("slurm-")?;
-        rest.split('-').next()?.parse().ok()
-    };
-    from_cgroup
-        .or_else(proven)
-        .map(|job| (job, true))
-        .or_else(|| named().map(|job| (job, false)))
+    if let Some(job) = task_id.and_then(|t| proofs?.job_of_task(t)) {
+        return Some((job, None));
+    }
+    if let CgroupJob::Unproven { job, why } = from_cgroup {
+        return Some((job, Some(format!("not Slurm's own cgroup: {why}"))));
+    }
+    let rest = task_id?.strip_prefix("slurm-")?;
+    let job = rest.split('-').next()?.parse().ok()?;
+    Some((job, Some(ONLY_A_NAME.to_string())))
 }

@@ -2,7 +2,13 @@ use std::{os::unix::fs::PermissionsExt as _, sync::Arc, time::Duration};
 
 use chrono::Utc;
 
-use super::*;
+use super::{
+    cgroup_proof::{
+        DEFAULT_CGROUP_ROOTS,
+        tests::{FakeDirs, default_roots},
+    },
+    *,
+};
 use crate::{
     model::{event::EventBody, health::Health},
     outbox::Outbox,
@@ -65,6 +71,16 @@ if [ -n "$drain" ] && [ -f "$dir/race" ]; then
 fi
 "#;
 
+/// Slurm's own cgroups of jobs 17 and 42 (root-owned, under the default
+/// roots), as a fake lstat sees them.
+fn slurm_made_cgroups() -> CgroupRoots {
+    default_roots(
+        FakeDirs::default()
+            .root_owned("/sys/fs/cgroup/memory/slurm/uid_0/job_17")
+            .root_owned("/sys/fs/cgroup/memory/slurm/uid_0/job_42"),
+    )
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
     seq: u64,
@@ -111,6 +127,7 @@ impl Fixture {
         )
         .unwrap();
         sink.actions.set_settle(Duration::from_millis(1));
+        sink.cgroup_roots = slurm_made_cgroups();
         sink
     }
 
@@ -131,6 +148,7 @@ impl Fixture {
             drain: true,
             requeue: RequeuePolicy::OtherNode,
             max_requeues: 1,
+            cgroup_roots: DEFAULT_CGROUP_ROOTS.map(PathBuf::from).to_vec(),
             guard,
             delivery: Delivery {
                 timeout: Duration::from_secs(5),
@@ -258,27 +276,84 @@ async fn an_oom_killed_job_is_requeued_elsewhere_at_once_up_to_the_limit() {
 #[tokio::test]
 async fn job_ids_come_from_cgroups_or_slurms_word_and_a_task_id_is_only_a_name() {
     let mut fx = Fixture::new();
+    let roots = slurm_made_cgroups();
     let e = fx.event(EventKind::OomKill, "w", |b| {
         b.cgroup = Some("/sys/fs/cgroup/memory/slurm/uid_0/job_17/step_batch".into());
     });
-    assert_eq!(job_id(&e, None), Some((17, true)));
+    assert_eq!(job_id(&e, None, &roots), Some((17, None)));
     let e = fx.event(EventKind::OomKill, "w", |b| {
         b.task_id = Some("slurm-9-1-2".into())
     });
-    assert_eq!(job_id(&e, None), Some((9, false)), "named, not proven");
+    let (job, why) = job_id(&e, None, &roots).unwrap();
+    assert_eq!(job, 9);
+    assert!(
+        why.is_some_and(|w| w.contains("Slurm never said")),
+        "named, not proven"
+    );
     let proofs = fx.proofs();
     proofs
         .check("slurm-9-1-2", Some("w1"), Some(PID_IN_JOB_42))
         .await;
     assert_eq!(
-        job_id(&e, Some(&proofs)),
-        Some((42, true)),
+        job_id(&e, Some(&proofs), &roots),
+        Some((42, None)),
         "the job Slurm placed the process in, whatever the name says"
     );
     let e = fx.event(EventKind::OomKill, "w", |b| {
         b.task_id = Some("exec-9-1".into())
     });
-    assert_eq!(job_id(&e, Some(&proofs)), None);
+    assert_eq!(job_id(&e, Some(&proofs), &roots), None);
+    // A `job_17` a user made outside Slurm's roots: only a name.
+    let e = fx.event(EventKind::OomKill, "w", |b| {
+        b.cgroup = Some("/sys/fs/cgroup/memory/user/job_17".into());
+    });
+    let (job, why) = job_id(&e, None, &roots).unwrap();
+    assert_eq!(job, 17);
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("not Slurm's own cgroup")),
+        "{why:?}"
+    );
+}
+
+/// A user-made `job_42` cgroup (outside Slurm's roots, or under one but
+/// owned by the user) OOM-killed: nothing is asked of Slurm, and the skip
+/// says why.
+#[tokio::test]
+async fn a_kill_in_a_user_made_job_cgroup_requeues_nothing() {
+    let mut fx = Fixture::new();
+    let mut sink = fx.sink();
+    let dirs = FakeDirs::default()
+        .root_owned("/sys/fs/cgroup/memory/slurm/uid_1000/job_42")
+        .root_owned("/sys/fs/cgroup/memory/user/job_42");
+    dirs.set(
+        Path::new("/sys/fs/cgroup/memory/slurm/uid_1000/job_42"),
+        1000,
+        true,
+    );
+    sink.cgroup_roots = default_roots(dirs);
+    let outside = fx.event(EventKind::OomKill, "w1", |b| {
+        b.cgroup = Some("/sys/fs/cgroup/memory/user/job_42".into());
+    });
+    let user_owned = fx.event(EventKind::OomKill, "w1", |b| {
+        b.cgroup = Some("/sys/fs/cgroup/memory/slurm/uid_1000/job_42/step_0".into());
+    });
+    sink.send(&[outside, user_owned]).await.unwrap();
+    assert!(fx.calls().is_empty(), "{:?}", fx.calls());
+    let reasons: Vec<String> = of_kind(&sink, EventKind::ActionSkipped)
+        .into_iter()
+        .filter_map(|e| e.body.reason)
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("job 42 not requeued: not Slurm's own cgroup")
+            && reasons[0].contains("not where Slurm keeps job 42"),
+        "{reasons:?}"
+    );
+    assert!(reasons[1].contains("owned by uid 1000"), "{reasons:?}");
+    let actions = &sink.recorder.metrics().scheduler_actions;
+    assert_eq!(actions.with_label_values(&["slurm-1", "requeue"]).get(), 0);
+    assert_eq!(actions.with_label_values(&["slurm-1", "skipped"]).get(), 2);
 }
 
 /// A kill in a cgroup that is not a job's, of a task whose id says
