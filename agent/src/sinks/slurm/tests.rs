@@ -131,6 +131,7 @@ impl Fixture {
             drain: true,
             requeue: RequeuePolicy::OtherNode,
             max_requeues: 1,
+            imminent: ImminentConfig::default(),
             guard,
             delivery: Delivery {
                 timeout: Duration::from_secs(5),
@@ -738,3 +739,5 @@ async fn a_drain_the_worker_outlived_is_undone_at_once() {
         "{skipped:?}"
     );
 }
+
+mod imminent;
