@@ -2,7 +2,8 @@
 //! a job OOM-killed on n1 is requeued and completes on n2 at once, and a
 //! task only named after a running job requeues nothing; a node whose
 //! worker is unhealthy is drained with memwatch's reason and resumed after
-//! recovery. Root only; never skipped in CI.
+//! recovery; a job's step is signalled (and its node drained) seconds
+//! before its predicted OOM kill. Root only; never skipped in CI.
 
 use std::{
     fs,
@@ -11,7 +12,10 @@ use std::{
 };
 
 use memwatch::EventKind;
-use memwatch_test_support::wait::wait_until_every;
+use memwatch_test_support::{
+    memhog::{RATE_ENV, SIGNAL_FILE_ENV, printed},
+    wait::wait_until_every,
+};
 use memwatch_tests::{
     agent::Agent,
     cgroup::TestCgroup,
@@ -511,4 +515,146 @@ async fn slurm_down_while_a_worker_is_unhealthy_then_recovers_drains_nothing() {
         "Slurm down {outage:?} while n1w turned unhealthy and recovered: nothing drained when it came back; {}",
         skipped.body.reason.unwrap_or_default()
     );
+}
+
+/// A job's step leaks ~10 MiB/s under a 256 MiB hard cap on n1 (`memwatch
+/// exec` inside `srun`): on the agent's `oom_imminent` the Slurm sink sends
+/// SIGUSR1 to the job's steps (`scancel --signal`) and drains n1 naming the
+/// predicted kill; the step's handler runs seconds before the real OOM
+/// kill (both times from the step's CLOCK_MONOTONIC); the kill ends the
+/// episode (n1 resumed) and the job, killed anyway, is requeued and
+/// completes on n2 as before.
+#[tokio::test]
+async fn slurm_a_jobs_step_is_signalled_seconds_before_its_predicted_kill() {
+    const TEST: &str = "slurm_a_jobs_step_is_signalled_seconds_before_its_predicted_kill";
+    if !setup(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster = SlurmCluster::start();
+    let scancel = cluster.dir.path().join("scancel");
+    fs::write(
+        &scancel,
+        format!(
+            "#!/bin/sh\nSLURM_CONF={} exec scancel \"$@\"\n",
+            cluster.conf().display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&scancel, fs::Permissions::from_mode(0o755)).unwrap();
+    let agent = Agent::start_with_config(&format!(
+        "sample_interval = \"1s\"\n{}",
+        sink_config(
+            &cluster,
+            &format!(
+                "requeue = \"other_node\"\nnodes = {{ host = \"n1\" }}\n\
+                 imminent_signal = \"USR1\"\ndrain_imminent = true\nscancel = \"{}\"\n",
+                scancel.display()
+            ),
+        )
+    ))
+    .await;
+    let signals = cluster.dir.path().join("signals");
+    // On n1: 400 MiB at 10 MiB/s under 256 MiB, killed after ~26 s; the
+    // requeued run on n2 only says where it ran.
+    let script = cluster.dir.path().join("leak.sh");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"node $SLURMD_NODENAME job $SLURM_JOB_ID\"\n\
+             [ \"$SLURMD_NODENAME\" = n1 ] || exit 0\n\
+             export {rate}=10 {file}={signals}\n\
+             exec srun --ntasks=1 {memwatch} exec --socket {socket} --hard-cap 256MiB -- {memhog} 400 60\n",
+            rate = RATE_ENV,
+            file = SIGNAL_FILE_ENV,
+            signals = signals.display(),
+            memwatch = workspace_bin("memwatch").display(),
+            socket = agent.socket().display(),
+            memhog = workspace_bin("memhog").display(),
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let id = cluster.sbatch(&script);
+
+    // The drain names the predicted kill while it is still ahead.
+    // Generous: a loaded machine only slows the leak, which widens the window.
+    wait_until_every(
+        "n1 drained for the predicted kill",
+        Duration::from_secs(180),
+        SLURM_POLL,
+        || cluster.drain_reasons().contains("OOM kill is predicted"),
+    );
+    let reasons = cluster.drain_reasons();
+    assert!(
+        reasons.contains("n1|memwatch: worker host: its OOM kill is predicted in"),
+        "{reasons}"
+    );
+    let prefix = format!("slurm-{id}-");
+    let kill = agent
+        .wait_for_event(
+            Duration::from_secs(180),
+            "oom_kill of the job's step",
+            |e| {
+                e.body.kind == EventKind::OomKill
+                    && e.body
+                        .task_id
+                        .as_deref()
+                        .is_some_and(|t| t.starts_with(&prefix))
+            },
+        )
+        .await;
+
+    // Both times are the step's CLOCK_MONOTONIC: the handler's stamp and
+    // the last MiB it touched (no later than the kill, so the lead measured
+    // is at most the real one).
+    let lines = fs::read_to_string(&signals).unwrap_or_default();
+    let handled = printed(&lines, "signal").unwrap_or_else(|| {
+        panic!(
+            "the step's SIGUSR1 handler never ran ({lines:?}); agent log:\n{}",
+            agent.log_text()
+        )
+    });
+    let last_touched = lines
+        .lines()
+        .filter_map(|l| l.strip_prefix("touched "))
+        .filter_map(|n| n.trim().parse::<i64>().ok())
+        .max()
+        .expect("memhog touched memory");
+    let lead = (last_touched - handled) as f64 / 1e9;
+    println!(
+        "job {id}: the step's SIGUSR1 handler ran {lead:.1} s before its last MiB touched (OOM kill of pid {:?} at {})",
+        kill.body.pid,
+        kill.time.format("%H:%M:%S%.3f")
+    );
+    assert!(
+        lead >= 3.0,
+        "the handler ran only {lead:.1} s before the kill"
+    );
+
+    // The kill ended the episode: n1 resumed; the job requeued onto n2.
+    wait_until_every(
+        "n1 resumed after the kill",
+        Duration::from_secs(60),
+        SLURM_POLL,
+        || !state_of(&cluster, "n1").contains("drain"),
+    );
+    wait_until_every(
+        "the requeued job completes",
+        Duration::from_secs(60),
+        SLURM_POLL,
+        || cluster.job(id)["JobState"] == "COMPLETED",
+    );
+    let job = cluster.job(id);
+    assert_eq!(job["NodeList"], "n2", "{job:?}");
+    assert_eq!(job["Restarts"], "1", "{job:?}");
+    let (_, metrics) = agent.get("/metrics").await;
+    for (action, n) in [("signal", 1), ("drain", 1), ("resume", 1), ("requeue", 1)] {
+        assert!(
+            metrics.contains(&format!(
+                "memwatch_scheduler_actions_total{{action=\"{action}\",sink=\"slurm-1\"}} {n}"
+            )),
+            "{action} {n}: {metrics}"
+        );
+    }
 }

@@ -178,8 +178,10 @@ impl Warner<'_> {
 
 /// Spawns `command` inside the cgroup (it moves itself in before exec, so
 /// not one page is charged elsewhere) and waits, passing on SIGINT,
-/// SIGTERM and SIGHUP, and with `--warn-signal` signalling it when its
-/// kill is imminent.
+/// SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2, and with `--warn-signal`
+/// signalling it when its kill is imminent. A wrapper must not die of a
+/// signal meant for its command: Slurm's `scancel --signal=USR1` reaches
+/// every process of the job's step, exec included.
 async fn run_in(
     cgroup: &OwnedCgroup,
     command: &[String],
@@ -212,6 +214,8 @@ async fn run_in(
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
     let mut warning = pin!(async {
         match (warner, pid) {
             (Some(warner), Some(pid)) => warner.run(pid, &command[0]).await,
@@ -225,6 +229,8 @@ async fn run_in(
             _ = term.recv() => libc::SIGTERM,
             _ = int.recv() => libc::SIGINT,
             _ = hup.recv() => libc::SIGHUP,
+            _ = usr1.recv() => libc::SIGUSR1,
+            _ = usr2.recv() => libc::SIGUSR2,
         };
         if let Some(pid) = pid {
             // SAFETY: kill(2) to our own child.

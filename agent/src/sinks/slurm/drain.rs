@@ -14,7 +14,7 @@ use crate::{
     sinks::{
         action::{Acted, Plan, Read, Scheduler, Words, heartbeat_statuses},
         guard::Capacity,
-        report, stale,
+        report, stale, stale_prediction,
     },
 };
 
@@ -40,6 +40,10 @@ impl Scheduler for SlurmSink {
 
     fn stale(&self, worker: &str) -> Option<String> {
         stale(&self.health, worker)
+    }
+
+    fn stale_prediction(&self, worker: &str) -> Option<String> {
+        stale_prediction(&self.eta, worker)
     }
 
     /// The nodes of the worker's node's partitions, as the controller
@@ -88,7 +92,10 @@ impl Scheduler for SlurmSink {
             "update".into(),
             format!("NodeName={node}"),
             "State=DRAIN".into(),
-            format!("Reason={}", drain_reason(worker, why)),
+            format!(
+                "Reason={}",
+                drain_reason(worker, why, self.stale(worker).is_some())
+            ),
         ])
         .await?;
         // Kept as memwatch's drain from now: a resume that must wait for
@@ -159,6 +166,8 @@ impl SlurmSink {
     pub(super) async fn resume_healthy(&mut self, heartbeat: &Event) -> Result<(), ScontrolError> {
         let healthy: Vec<String> = heartbeat_statuses(heartbeat)
             .filter(|(_, status)| *status != "unhealthy")
+            // A drain for a predicted kill lasts while the kill is predicted.
+            .filter(|(name, _)| !self.config.imminent.drain || (self.eta)(name).is_none())
             .map(|(name, _)| name.to_string())
             .filter(|name| self.state.drained.values().any(|ws| ws.contains(name)))
             .collect();
@@ -237,12 +246,15 @@ impl SlurmSink {
 }
 
 /// The drain's `Reason=`: memwatch's mark, the worker and why, cut to what
-/// Slurm keeps.
-fn drain_reason(worker: &str, why: Option<&str>) -> String {
-    let mut reason = format!(
-        "{REASON_PREFIX} worker {worker} unhealthy: {}",
-        why.unwrap_or("no reason given")
-    );
+/// Slurm keeps. `predicted`: drained for a predicted kill (the worker is
+/// not unhealthy; `why` says when the kill is due).
+fn drain_reason(worker: &str, why: Option<&str>, predicted: bool) -> String {
+    let why = why.unwrap_or("no reason given");
+    let mut reason = if predicted {
+        format!("{REASON_PREFIX} worker {worker}: {why}")
+    } else {
+        format!("{REASON_PREFIX} worker {worker} unhealthy: {why}")
+    };
     if reason.len() > MAX_REASON {
         let mut end = MAX_REASON;
         while !reason.is_char_boundary(end) {

@@ -48,14 +48,15 @@ struct Proven {
 }
 
 impl JobProofs {
-    /// For the first Slurm sink that requeues; `None` when none does.
+    /// For the first Slurm sink that requeues or signals a predicted kill;
+    /// `None` when none does.
     pub(crate) fn for_sinks<'a>(
         sinks: impl IntoIterator<Item = &'a SlurmConfig>,
         node_name: &str,
     ) -> Option<Self> {
         let config = sinks
             .into_iter()
-            .find(|s| s.requeue != RequeuePolicy::Never)?;
+            .find(|s| s.requeue != RequeuePolicy::Never || s.imminent.signal.is_some())?;
         Some(Self {
             scontrol: config.scontrol.clone(),
             nodes: config.nodes.clone(),

@@ -17,6 +17,9 @@
 //!   `scontrol requeue <N>`, `update JobId=<N> ExcNodeList=<node it ran on>`,
 //!   `update JobId=<N> StartTime=now` (a requeued job otherwise waits ~2
 //!   minutes); `any_node` skips the exclusion; at most `max_requeues` per job.
+//! - `oom_imminent` of a job's task (`imminent_signal`, `drain_imminent`):
+//!   the job's steps are signalled and the node drained before the kill
+//!   (imminent.rs).
 //!
 //! Transient failures (controller unreachable, `scontrol` timeout) fail the
 //! batch and the delivery loop retries it with backoff; a refusal for good
@@ -27,6 +30,7 @@
 mod cgroup_proof;
 mod config;
 mod drain;
+mod imminent;
 mod jobs;
 mod nodes;
 mod requeue;
@@ -45,6 +49,8 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+#[cfg(test)]
+use self::config::ImminentConfig;
 pub(crate) use self::config::{RequeuePolicy, SlurmConfig};
 use self::{
     cgroup_proof::{CgroupRoots, HostDirs},
@@ -56,7 +62,7 @@ use crate::{
     model::event::{Event, EventKind},
     record::Recorder,
     sinks::{
-        ActionGate, SinkContext, Start, WorkerHealth,
+        ActionGate, SinkContext, Start, WorkerEta, WorkerHealth,
         action::Actions,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
@@ -97,7 +103,7 @@ impl Start for SlurmConfig {
     }
 
     fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
-        info!(sink = %self.name, scontrol = %self.scontrol.display(), drain = self.drain, requeue = ?self.requeue, "Slurm sink");
+        info!(sink = %self.name, scontrol = %self.scontrol.display(), drain = self.drain, requeue = ?self.requeue, imminent_signal = self.imminent.signal.as_ref().map_or("none", |s| s.name.as_str()), drain_imminent = self.imminent.drain, "Slurm sink");
         let sink = SlurmSink::open(
             self.clone(),
             ctx.node_name.clone(),
@@ -116,6 +122,7 @@ impl Start for SlurmConfig {
         sink.gate = ctx.gate.clone();
         sink.actions.set_gate(ctx.gate.clone());
         sink.proofs = ctx.job_proofs.clone();
+        sink.eta = ctx.eta.clone();
         sink.align(ctx.outbox.status().last_seq, ctx.outbox.epoch());
         Ok(vec![ctx.spawn_delivery(sink)])
     }
@@ -139,6 +146,10 @@ pub(crate) struct SlurmSink {
     proofs: Option<JobProofs>,
     /// Where a `job_<N>` cgroup proves its job (cgroup_proof.rs).
     cgroup_roots: CgroupRoots,
+    /// Each worker's predicted kill now (`imminent_signal`, `drain_imminent`).
+    eta: WorkerEta,
+    /// The jobs signalled for their predicted kill (imminent.rs).
+    episodes: imminent::Episodes,
 }
 
 impl SlurmSink {
@@ -193,10 +204,13 @@ impl SlurmSink {
             state,
             recorder,
             health,
-            actions: Actions::new(config.guard, GUARD_SETTLE),
+            actions: Actions::new(config.guard, GUARD_SETTLE)
+                .with_predictions(config.imminent.drain),
             config,
             gate: ActionGate::open(),
             proofs: None,
+            eta: Arc::new(|_| None),
+            episodes: imminent::Episodes::default(),
         })
     }
 
@@ -263,10 +277,18 @@ impl SlurmSink {
 
     /// `Ok(())` when done or refused for good; `Err` when worth retrying.
     async fn handle(&mut self, event: &Event) -> Result<(), ScontrolError> {
+        self.follow_prediction(event).await?;
         let worker = event.body.worker.as_deref();
         match (event.body.kind, worker) {
             (EventKind::Heartbeat, _) if self.config.drain => {
                 self.actions.observe(event);
+                self.resume_healthy(event).await?;
+                self.run_actions().await
+            }
+            // Only predicted kills drain: a heartbeat retries those held
+            // and lets go those whose end was lost, and drains no
+            // unhealthy worker.
+            (EventKind::Heartbeat, _) if self.config.imminent.drain => {
                 self.resume_healthy(event).await?;
                 self.run_actions().await
             }

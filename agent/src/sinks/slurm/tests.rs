@@ -149,6 +149,7 @@ impl Fixture {
             requeue: RequeuePolicy::OtherNode,
             max_requeues: 1,
             cgroup_roots: DEFAULT_CGROUP_ROOTS.map(PathBuf::from).to_vec(),
+            imminent: ImminentConfig::default(),
             guard,
             delivery: Delivery {
                 timeout: Duration::from_secs(5),
@@ -813,3 +814,5 @@ async fn a_drain_the_worker_outlived_is_undone_at_once() {
         "{skipped:?}"
     );
 }
+
+mod imminent;
