@@ -37,21 +37,19 @@ impl Unverified {
         if !plausible {
             return;
         }
-        match self.by_id.get_mut(&id) {
-            Some(Some(known)) if *known != path => {
+        if let Some(known) = self.by_id.get(&id) {
+            if known.as_ref().is_some_and(|known| *known != path) {
                 self.by_id.insert(id, None);
             }
-            Some(_) => {}
-            None => {
-                if self.order.len() >= MAX_UNVERIFIED
-                    && let Some(oldest) = self.order.pop_front()
-                {
-                    self.by_id.remove(&oldest);
-                }
-                self.by_id.insert(id, Some(path));
-                self.order.push_back(id);
-            }
+            return;
         }
+        if self.order.len() >= MAX_UNVERIFIED
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.by_id.remove(&oldest);
+        }
+        self.by_id.insert(id, Some(path));
+        self.order.push_back(id);
     }
 
     /// The candidate path of `id`, if exactly one was reported.
@@ -99,9 +97,14 @@ mod tests {
     fn a_mkdir_read_after_the_cgroup_was_removed_still_resolves() {
         let root = tempfile::tempdir().unwrap();
         let gone = root.path().join("shortlived");
+        let (parent, child) = (root.path().join("p"), root.path().join("p/c"));
         fs::create_dir(&gone).unwrap();
-        let id = ino(&gone);
+        fs::create_dir_all(&child).unwrap();
+        // All made before any is removed: no inode is reused among them.
+        let (id, parent_id, child_id) = (ino(&gone), ino(&parent), ino(&child));
         fs::remove_dir(&gone).unwrap();
+        fs::remove_dir(&child).unwrap();
+        fs::remove_dir(&parent).unwrap();
         let mut r = resolver(root.path());
         // Not checkable, so not learned as a fact...
         assert_eq!(r.learn(id, "/shortlived"), None);
@@ -109,11 +112,6 @@ mod tests {
         // ...but the last resort of resolve().
         assert_eq!(r.resolve(id), Some(gone.clone()));
         // Nested, both levels gone: the child's parent is a candidate.
-        let (parent, child) = (root.path().join("p"), root.path().join("p/c"));
-        fs::create_dir_all(&child).unwrap();
-        let (parent_id, child_id) = (ino(&parent), ino(&child));
-        fs::remove_dir(&child).unwrap();
-        fs::remove_dir(&parent).unwrap();
         assert_eq!(r.learn(parent_id, "/p"), None);
         assert_eq!(r.learn(child_id, "/p/c"), None);
         assert_eq!(r.resolve(child_id), Some(child));
@@ -160,7 +158,10 @@ mod tests {
             assert!(u.len() <= MAX_UNVERIFIED);
         }
         assert_eq!(u.get(0), None);
-        assert_eq!(u.get(n - 1), Some(root.path().join(format!("c{}", n - 1)).as_path()));
+        assert_eq!(
+            u.get(n - 1),
+            Some(root.path().join(format!("c{}", n - 1)).as_path())
+        );
         u.forget(n - 1);
         assert_eq!((u.get(n - 1), u.len()), (None, MAX_UNVERIFIED - 1));
     }

@@ -411,12 +411,22 @@ mod tests {
         let beat = crate::telemetry::liveness::Liveness::default().register("pipeline", IDLE_BEAT);
         let run = tokio::spawn(p.run(rx, beat));
         tokio::time::sleep(CGROUP_RECORD_WAIT * 4 / 5).await;
-        assert!(outbox.read(0, 10).is_empty(), "held while its record may come");
+        assert!(
+            outbox.read(0, 10).is_empty(),
+            "held while its record may come"
+        );
         tokio::time::sleep(CGROUP_RECORD_WAIT * 2 / 5).await;
         let events = outbox.read(0, 10);
         assert_eq!(events.len(), 2, "{events:?}");
         assert_eq!(events[0].body.cgroup, None);
-        assert!(events[0].body.reason.as_deref().unwrap().contains("removed"));
+        assert!(
+            events[0]
+                .body
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("removed")
+        );
         assert_eq!(events[1].body.oom.as_ref().unwrap().memcg_id, 0);
         drop(tx);
         run.await.unwrap();
