@@ -19,6 +19,7 @@ pub(crate) mod memory;
 pub(crate) mod oom;
 pub(crate) mod pressure;
 pub(crate) mod safe;
+mod unverified;
 
 /// Which cgroup version carries the memory controller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -123,6 +124,8 @@ pub(crate) struct CgroupResolver {
     hierarchy: MemoryHierarchy,
     by_id: HashMap<u64, PathBuf>,
     max_entries: usize,
+    /// mkdir records that could not be checked (see [`unverified`]).
+    unverified: unverified::Unverified,
 }
 
 impl CgroupResolver {
@@ -133,6 +136,7 @@ impl CgroupResolver {
             hierarchy,
             by_id: HashMap::new(),
             max_entries: Self::MAX_ENTRIES,
+            unverified: unverified::Unverified::default(),
         }
     }
 
@@ -167,7 +171,7 @@ impl CgroupResolver {
     }
 
     /// The cgroup's directory, or `None` when it was never seen and does
-    /// not exist now.
+    /// not exist now. Last resort: an unchecked mkdir record of the id.
     pub(crate) fn resolve(&mut self, id: u64) -> Option<PathBuf> {
         if let Some(path) = self.by_id.get(&id) {
             return Some(path.clone());
@@ -175,19 +179,29 @@ impl CgroupResolver {
         self.rescan();
         let found = self.by_id.get(&id).cloned();
         self.trim(id);
-        found
+        found.or_else(|| self.unverified.get(id).map(Path::to_path_buf))
     }
 
     /// Learns a cgroup the kernel just made (from the cgroup_mkdir probe):
     /// `relative` is its path below the hierarchy's root. Kept only when
     /// that directory of the memory hierarchy has this id (the same name
-    /// may exist in other hierarchies). Returns its full path then.
+    /// may exist in other hierarchies). Returns its full path then. A
+    /// directory already gone cannot be checked: it is kept as a candidate
+    /// for [`CgroupResolver::resolve`]'s last resort only.
     pub(crate) fn learn(&mut self, id: u64, relative: &str) -> Option<PathBuf> {
         let path = self.hierarchy.root.join(relative.trim_start_matches('/'));
-        (inode(&path) == Some(id)).then(|| {
-            self.insert(id, path.clone());
-            path
-        })
+        match inode(&path) {
+            Some(found) if found == id => {
+                self.unverified.forget(id);
+                self.insert(id, path.clone());
+                Some(path)
+            }
+            Some(_) => None,
+            None => {
+                self.unverified.keep(id, path);
+                None
+            }
+        }
     }
 
     /// The path an id had, without walking (for removed cgroups).

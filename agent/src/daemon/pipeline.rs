@@ -20,6 +20,9 @@ pub(crate) const PROBE_QUEUE: usize = 4096;
 /// Most `oom_kill` events made from one polled counter jump (a storm
 /// between two readings is summed up in the last one's reason).
 const MAX_KILLS_PER_READING: u64 = 100;
+/// Longest an OOM victim of an unknown cgroup waits for that cgroup's
+/// mkdir record (see [`Pipeline::await_cgroup_record`]).
+pub(crate) const CGROUP_RECORD_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub(crate) struct Pipeline {
     pub monitor: Arc<Monitor>,
@@ -37,10 +40,58 @@ impl Pipeline {
             beat.beat();
             tokio::select! {
                 event = rx.recv() => match event {
+                    Some(ProbeEvent::OomVictim(victim)) => self.oom_victim(victim, &mut rx).await,
                     Some(event) => self.handle(event),
                     None => return,
                 },
                 _ = tokio::time::sleep(IDLE_BEAT) => {}
+            }
+        }
+    }
+
+    /// An OOM victim, once its cgroup's mkdir record had its chance.
+    async fn oom_victim(&mut self, victim: OomVictim, rx: &mut mpsc::Receiver<ProbeEvent>) {
+        let mut later = Vec::new();
+        if let Some(id) = victim.memcg_id
+            && self.monitor.resolve_cgroup(id).is_none()
+        {
+            self.await_cgroup_record(id, rx, &mut later).await;
+        }
+        self.handle(ProbeEvent::OomVictim(victim));
+        for event in later {
+            self.handle(event);
+        }
+    }
+
+    /// The reader sends the OOM ring's records before the cgroup ring's (a
+    /// kill never waits behind churn), so the mkdir record of a cgroup made
+    /// just before its kill may still be queued, or not yet read, when the
+    /// kill comes: the cgroup is then unknown, and if it was removed at
+    /// once, no walk finds it either. The kill waits for that record, at
+    /// most [`CGROUP_RECORD_WAIT`] and [`PROBE_QUEUE`] records: mkdir
+    /// records are learned as they come, everything else (rmdir records
+    /// included, so a rule task ends as OOM-killed, not removed) is kept in
+    /// `later`, in order, for after the kill. Waiting here rather than
+    /// reading the cgroup ring first keeps the kill ahead of any backlog
+    /// when its cgroup is known, which is nearly always; only a kill that
+    /// would otherwise go out without its cgroup is held.
+    async fn await_cgroup_record(
+        &mut self,
+        id: u64,
+        rx: &mut mpsc::Receiver<ProbeEvent>,
+        later: &mut Vec<ProbeEvent>,
+    ) {
+        let deadline = tokio::time::Instant::now() + CGROUP_RECORD_WAIT;
+        while later.len() < PROBE_QUEUE {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(ProbeEvent::Cgroup(change))) if !change.removed => {
+                    self.monitor.cgroup_changed(&change);
+                    if change.id == id {
+                        return;
+                    }
+                }
+                Ok(Some(event)) => later.push(event),
+                Ok(None) | Err(_) => return,
             }
         }
     }
@@ -300,6 +351,85 @@ mod tests {
                 .get(),
             1
         );
+    }
+
+    fn made(id: u64, path: &str, removed: bool) -> ProbeEvent {
+        ProbeEvent::Cgroup(crate::probe::CgroupChange {
+            id,
+            path: path.into(),
+            level: 1,
+            removed,
+        })
+    }
+
+    /// The reader's order under load: the kill first, its cgroup's mkdir
+    /// record later, read when the directory is already gone.
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_read_before_its_removed_cgroups_mkdir_record_still_names_it() {
+        let root = tempfile::tempdir().unwrap();
+        let cg = root.path().join("shortlived");
+        fs::create_dir(&cg).unwrap();
+        let id = fs::metadata(&cg).unwrap().ino();
+        fs::remove_dir(&cg).unwrap();
+        let p = pipeline(root.path());
+        let outbox = p.recorder.outbox().clone();
+        let (tx, rx) = mpsc::channel(8);
+        let start = tokio::time::Instant::now();
+        let sender = tokio::spawn(async move {
+            tx.send(ProbeEvent::OomVictim(victim(Some(id))))
+                .await
+                .unwrap();
+            tokio::time::sleep(CGROUP_RECORD_WAIT / 5).await;
+            tx.send(made(id, "/shortlived", false)).await.unwrap();
+            tx.send(made(id, "/shortlived", true)).await.unwrap();
+            tokio::time::sleep(CGROUP_RECORD_WAIT * 10).await;
+        });
+        let beat = crate::telemetry::liveness::Liveness::default().register("pipeline", IDLE_BEAT);
+        let run = tokio::spawn(p.run(rx, beat));
+        tokio::time::sleep(CGROUP_RECORD_WAIT / 2).await;
+        // Recorded as soon as the record came, well before the bound.
+        let events = outbox.read(0, 10);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].body.cgroup.as_deref(), cg.to_str(), "{events:?}");
+        assert_eq!(events[0].body.reason, None);
+        sender.await.unwrap();
+        run.await.unwrap();
+        assert!(start.elapsed() >= CGROUP_RECORD_WAIT * 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_of_an_unknown_cgroup_waits_for_its_record_only_so_long() {
+        let root = tempfile::tempdir().unwrap();
+        let p = pipeline(root.path());
+        let outbox = p.recorder.outbox().clone();
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(ProbeEvent::OomVictim(victim(Some(u64::MAX))))
+            .await
+            .unwrap();
+        // Another kill meanwhile is kept for after the first, in order.
+        tx.send(ProbeEvent::OomVictim(victim(None))).await.unwrap();
+        let beat = crate::telemetry::liveness::Liveness::default().register("pipeline", IDLE_BEAT);
+        let run = tokio::spawn(p.run(rx, beat));
+        tokio::time::sleep(CGROUP_RECORD_WAIT * 4 / 5).await;
+        assert!(
+            outbox.read(0, 10).is_empty(),
+            "held while its record may come"
+        );
+        tokio::time::sleep(CGROUP_RECORD_WAIT * 2 / 5).await;
+        let events = outbox.read(0, 10);
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0].body.cgroup, None);
+        assert!(
+            events[0]
+                .body
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("removed")
+        );
+        assert_eq!(events[1].body.oom.as_ref().unwrap().memcg_id, 0);
+        drop(tx);
+        run.await.unwrap();
     }
 
     #[test]
