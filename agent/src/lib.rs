@@ -57,4 +57,6 @@ pub use sinks::{
         WebhookSink,
     },
 };
+#[cfg(feature = "otlp")]
+pub use sinks::otlp::{OtlpConfig, OtlpProtocol, OtlpSink};
 pub use telemetry::{Metrics, heap::limit_arenas as limit_malloc_arenas};
