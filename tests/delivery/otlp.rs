@@ -28,12 +28,20 @@ const DELIVERY: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_records_arrive_once_in_order_across_a_receiver_outage() {
-    round_trip("grpc_records_arrive_once_in_order_across_a_receiver_outage", "grpc").await;
+    round_trip(
+        "grpc_records_arrive_once_in_order_across_a_receiver_outage",
+        "grpc",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_records_arrive_once_in_order_across_a_receiver_outage() {
-    round_trip("http_records_arrive_once_in_order_across_a_receiver_outage", "http").await;
+    round_trip(
+        "http_records_arrive_once_in_order_across_a_receiver_outage",
+        "http",
+    )
+    .await;
 }
 
 async fn round_trip(test: &str, protocol: &str) {
@@ -58,20 +66,28 @@ async fn round_trip(test: &str, protocol: &str) {
         register(&agent, task).await;
     }
     end(&agent, "a2").await;
-    wait_until_async("failed attempts while the receiver is down", DELIVERY, async || {
-        failures(&agent).await >= 2
-    })
+    wait_until_async(
+        "failed attempts while the receiver is down",
+        DELIVERY,
+        async || failures(&agent).await >= 2,
+    )
     .await;
     end(&agent, "b1").await;
 
     // 3. Back on the same ports, answering UNAVAILABLE / 503 for a while.
     receiver.unavailable(true);
     receiver.restart();
-    wait_until_async("UNAVAILABLE / 503 answered and retried", DELIVERY, async || {
-        receiver.refused() >= 2
-    })
+    wait_until_async(
+        "UNAVAILABLE / 503 answered and retried",
+        DELIVERY,
+        async || receiver.refused() >= 2,
+    )
     .await;
-    assert_eq!(receiver.records().len(), taken, "nothing taken while unavailable");
+    assert_eq!(
+        receiver.records().len(),
+        taken,
+        "nothing taken while unavailable"
+    );
     receiver.unavailable(false);
     register(&agent, "c1").await;
     let expected = wait_delivered(&agent, &receiver, "every event after the outage").await;
@@ -86,7 +102,14 @@ async fn round_trip(test: &str, protocol: &str) {
     assert_once_in_order(&records, &expected);
     let by_id: BTreeMap<&str, &Value> = records
         .iter()
-        .map(|r| (r["record"]["attributes"]["log.record.uid"].as_str().unwrap(), r))
+        .map(|r| {
+            (
+                r["record"]["attributes"]["log.record.uid"]
+                    .as_str()
+                    .unwrap(),
+                r,
+            )
+        })
         .collect();
     for event in &expected {
         assert_record(by_id[event.id.as_str()], event, protocol);
@@ -99,7 +122,11 @@ async fn round_trip(test: &str, protocol: &str) {
 /// is on the resource). Returns it and its config file.
 async fn start_agent(receiver: &OtlpReceiver, protocol: &str) -> (Agent, std::path::PathBuf) {
     let headers = receiver.dir().join("headers");
-    fs::write(&headers, format!("# the collector's token\nAuthorization: {TOKEN}\n")).unwrap();
+    fs::write(
+        &headers,
+        format!("# the collector's token\nAuthorization: {TOKEN}\n"),
+    )
+    .unwrap();
     fs::set_permissions(&headers, fs::Permissions::from_mode(0o600)).unwrap();
     let port = match protocol {
         "grpc" => receiver.grpc_port,
@@ -138,7 +165,9 @@ retry_max = "400ms"
 }
 
 async fn register(agent: &Agent, task: &str) {
-    let (code, body) = agent.post("/v1/tasks", Some(json!({ "task_id": task }))).await;
+    let (code, body) = agent
+        .post("/v1/tasks", Some(json!({ "task_id": task })))
+        .await;
     assert_eq!(code, 201, "register {task}: {body}");
 }
 
@@ -153,7 +182,8 @@ async fn failures(agent: &Agent) -> u64 {
     let (_, text) = agent.get("/metrics").await;
     text.lines()
         .filter(|l| {
-            l.starts_with("memwatch_sink_failures_total{") && l.contains(&format!("sink=\"{SINK}\""))
+            l.starts_with("memwatch_sink_failures_total{")
+                && l.contains(&format!("sink=\"{SINK}\""))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
@@ -169,7 +199,11 @@ async fn wait_delivered(agent: &Agent, receiver: &OtlpReceiver, what: &str) -> V
         let got: Vec<String> = receiver
             .records()
             .iter()
-            .filter_map(|r| r["record"]["attributes"]["log.record.uid"].as_str().map(String::from))
+            .filter_map(|r| {
+                r["record"]["attributes"]["log.record.uid"]
+                    .as_str()
+                    .map(String::from)
+            })
             .collect();
         if expected.iter().all(|e| got.contains(&e.id)) {
             return expected;
@@ -193,13 +227,20 @@ fn assert_once_in_order(records: &[Value], expected: &[Event]) {
         .iter()
         .map(|r| r["record"]["attributes"]["memwatch.seq"].as_i64().unwrap())
         .collect();
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "records out of seq order or twice: {seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "records out of seq order or twice: {seqs:?}"
+    );
     for event in expected {
         let n = records
             .iter()
             .filter(|r| r["record"]["attributes"]["log.record.uid"] == event.id.as_str())
             .count();
-        assert_eq!(n, 1, "event {} (seq {}) arrived {n} times", event.id, event.seq);
+        assert_eq!(
+            n, 1,
+            "event {} (seq {}) arrived {n} times",
+            event.id, event.seq
+        );
     }
 }
 

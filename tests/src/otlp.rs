@@ -58,7 +58,10 @@ pub fn python_with_otlp(test: &str) -> Option<PathBuf> {
         pip(&[]) || pip(&["--break-system-packages"]),
         "pip install {PACKAGES:?} failed"
     );
-    assert!(importable(), "opentelemetry-proto not importable after pip install");
+    assert!(
+        importable(),
+        "opentelemetry-proto not importable after pip install"
+    );
     Some(python)
 }
 

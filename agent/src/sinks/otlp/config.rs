@@ -156,7 +156,10 @@ fn parse_headers(text: &str) -> Result<Vec<(String, Secret)>, String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
         if !valid_name {
-            return Err(format!("line {}: {name:?} is not a header name", number + 1));
+            return Err(format!(
+                "line {}: {name:?} is not a header name",
+                number + 1
+            ));
         }
         if value.is_empty() || value.bytes().any(|b| b.is_ascii_control()) {
             return Err(format!(
@@ -225,8 +228,16 @@ mod tests {
     #[test]
     fn bad_values_name_their_key() {
         for (text, key, needle) in [
-            ("endpoint = \"ftp://c:21\"", "otlp[0].endpoint", "http or https"),
-            ("endpoint = \"not a url\"", "otlp[0].endpoint", "not a valid URL"),
+            (
+                "endpoint = \"ftp://c:21\"",
+                "otlp[0].endpoint",
+                "http or https",
+            ),
+            (
+                "endpoint = \"not a url\"",
+                "otlp[0].endpoint",
+                "not a valid URL",
+            ),
             (
                 "endpoint = \"http://c\"\nprotocol = \"thrift\"",
                 "otlp[0].protocol",
@@ -247,7 +258,11 @@ mod tests {
                 "otlp[0].resource_attributes",
                 "empty attribute name",
             ),
-            ("endpoint = \"http://c\"\nheaders = 1", "otlp[0]", "unknown field"),
+            (
+                "endpoint = \"http://c\"\nheaders = 1",
+                "otlp[0]",
+                "unknown field",
+            ),
             ("protocol = \"grpc\"", "otlp[0]", "endpoint"),
         ] {
             let e = read(text).unwrap_err();

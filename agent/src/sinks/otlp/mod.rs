@@ -185,7 +185,10 @@ fn http_headers(config: &OtlpConfig) -> Result<HeaderMap, String> {
 fn grpc_client(config: &OtlpConfig) -> Result<LogsServiceClient<Channel>, SendError> {
     let d = &config.delivery;
     let invalid = |e: tonic::transport::Error| {
-        SendError::new(FailureClass::Other, format!("gRPC endpoint {}: {e}", config.endpoint))
+        SendError::new(
+            FailureClass::Other,
+            format!("gRPC endpoint {}: {e}", config.endpoint),
+        )
     };
     let mut endpoint = Endpoint::from_shared(config.endpoint.to_string())
         .map_err(invalid)?

@@ -162,7 +162,10 @@ pub(crate) fn record(event: &Event) -> LogRecord {
         key_value("memwatch.seq", int(event.seq)),
     ];
     if let Some(epoch) = &event.epoch {
-        attributes.push(key_value("memwatch.epoch", Value::StringValue(epoch.clone())));
+        attributes.push(key_value(
+            "memwatch.epoch",
+            Value::StringValue(epoch.clone()),
+        ));
     }
     attributes.extend(field_attributes(event));
     LogRecord {
@@ -315,10 +318,18 @@ mod tests {
         );
         assert_eq!(a["memwatch.rss_bytes"], Value::IntValue(1 << 30));
         assert_eq!(a["memwatch.recovered"], Value::BoolValue(false));
-        assert_eq!(a["memwatch.predicted_lead_seconds"], Value::DoubleValue(12.5));
+        assert_eq!(
+            a["memwatch.predicted_lead_seconds"],
+            Value::DoubleValue(12.5)
+        );
         assert_eq!(a["memwatch.oom.anon_rss_bytes"], Value::IntValue(100));
         assert_eq!(a["memwatch.oom.trigger_pid"], Value::IntValue(7));
-        for absent in ["memwatch.kind", "memwatch.pid", "memwatch.pod_name", "k8s.pod.name"] {
+        for absent in [
+            "memwatch.kind",
+            "memwatch.pid",
+            "memwatch.pod_name",
+            "k8s.pod.name",
+        ] {
             assert!(!a.contains_key(absent), "{absent} on the record: {a:?}");
         }
     }
@@ -352,7 +363,11 @@ mod tests {
     fn consecutive_events_of_a_pod_share_its_resource_and_order_is_kept() {
         let agent = AgentResource {
             k8s_node_name: Some("node-1".into()),
-            extra: [("deployment.environment.name".to_string(), "prod".to_string())].into(),
+            extra: [(
+                "deployment.environment.name".to_string(),
+                "prod".to_string(),
+            )]
+            .into(),
         };
         let batch = [
             event(1, EventBody::new(EventKind::AgentStarted)),
@@ -370,7 +385,13 @@ mod tests {
             .map(|r| attrs(&r.attributes)["memwatch.seq"].clone())
             .collect();
         assert_eq!(seqs, (1..=4).map(Value::IntValue).collect::<Vec<_>>());
-        let host = attrs(&request.resource_logs[0].resource.as_ref().unwrap().attributes);
+        let host = attrs(
+            &request.resource_logs[0]
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes,
+        );
         assert_eq!(host["service.name"], string("memwatch"));
         assert_eq!(host["service.version"], string(env!("CARGO_PKG_VERSION")));
         assert_eq!(host["host.name"], string("node-1"));
@@ -389,7 +410,13 @@ mod tests {
         assert_eq!(pod["container.id"], string("cid-1"));
         assert_eq!(pod["host.name"], string("node-1"));
         let without = request(&batch[..1], &AgentResource::default());
-        let host = attrs(&without.resource_logs[0].resource.as_ref().unwrap().attributes);
+        let host = attrs(
+            &without.resource_logs[0]
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes,
+        );
         assert!(!host.contains_key("k8s.node.name"), "off Kubernetes: none");
     }
 }

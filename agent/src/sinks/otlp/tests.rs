@@ -90,7 +90,11 @@ struct Fake {
 
 type Shared = Arc<Mutex<Fake>>;
 
-async fn receive(State(fake): State<Shared>, headers: Headers, body: Bytes) -> (u16, HeaderMap, Vec<u8>) {
+async fn receive(
+    State(fake): State<Shared>,
+    headers: Headers,
+    body: Bytes,
+) -> (u16, HeaderMap, Vec<u8>) {
     let request = ExportLogsServiceRequest::decode(body).expect("a protobuf export request");
     let mut fake = fake.lock().unwrap();
     fake.requests.push((headers, request));
@@ -144,7 +148,9 @@ async fn http_posts_protobuf_with_the_headers_and_counts_rejected_records() {
     assert_eq!(dropped(), 0);
 
     fake.lock().unwrap().answer = (200, 1);
-    sink.send(&[event(3)]).await.expect("a partial success is taken");
+    sink.send(&[event(3)])
+        .await
+        .expect("a partial success is taken");
     assert_eq!(dropped(), 1, "the rejected record counted");
 
     for (status, class) in [(400, FailureClass::Refused), (503, FailureClass::Status)] {
