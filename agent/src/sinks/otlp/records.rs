@@ -375,9 +375,9 @@ mod tests {
             event(3, oom_kill_in_a_pod()),
             event(4, EventBody::new(EventKind::Heartbeat)),
         ];
-        let request = request(&batch, &agent);
-        assert_eq!(request.resource_logs.len(), 3, "host, pod, host");
-        let seqs: Vec<Value> = request
+        let exported = request(&batch, &agent);
+        assert_eq!(exported.resource_logs.len(), 3, "host, pod, host");
+        let seqs: Vec<Value> = exported
             .resource_logs
             .iter()
             .flat_map(|r| &r.scope_logs)
@@ -386,7 +386,7 @@ mod tests {
             .collect();
         assert_eq!(seqs, (1..=4).map(Value::IntValue).collect::<Vec<_>>());
         let host = attrs(
-            &request.resource_logs[0]
+            &exported.resource_logs[0]
                 .resource
                 .as_ref()
                 .unwrap()
@@ -398,7 +398,7 @@ mod tests {
         assert_eq!(host["k8s.node.name"], string("node-1"));
         assert_eq!(host["deployment.environment.name"], string("prod"));
         assert!(!host.contains_key("k8s.pod.name"));
-        let pod = &request.resource_logs[1];
+        let pod = &exported.resource_logs[1];
         assert_eq!(pod.scope_logs[0].log_records.len(), 2);
         let scope = pod.scope_logs[0].scope.as_ref().unwrap();
         assert_eq!(scope.name, "memwatch");

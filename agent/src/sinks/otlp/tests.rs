@@ -94,7 +94,7 @@ async fn receive(
     State(fake): State<Shared>,
     headers: Headers,
     body: Bytes,
-) -> (u16, HeaderMap, Vec<u8>) {
+) -> (axum::http::StatusCode, HeaderMap, Vec<u8>) {
     let request = ExportLogsServiceRequest::decode(body).expect("a protobuf export request");
     let mut fake = fake.lock().unwrap();
     fake.requests.push((headers, request));
@@ -107,6 +107,7 @@ async fn receive(
     };
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROTOBUF));
+    let status = axum::http::StatusCode::from_u16(status).expect("a status code");
     (status, headers, response.encode_to_vec())
 }
 
