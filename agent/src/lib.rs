@@ -46,6 +46,8 @@ pub use sinks::SinkConfig;
 pub use sinks::kubernetes::{
     API_USES as KUBERNETES_API_USES, KubernetesSinkConfig, objects as kubernetes_objects,
 };
+#[cfg(feature = "otlp")]
+pub use sinks::otlp::{OtlpConfig, OtlpProtocol, OtlpSink};
 pub use sinks::{
     config::{Delivery, Secret},
     delivery::run as deliver,

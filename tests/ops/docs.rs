@@ -265,6 +265,7 @@ fn configuration_doc_lists_exactly_the_config_keys() {
         ("KubernetesFile", "kubernetes"),
         ("WebhookFile", "webhook"),
         ("NatsFile", "nats"),
+        ("OtlpFile", "otlp"),
         ("DaskFile", "dask"),
         ("SlurmFile", "slurm"),
     ];

@@ -10,6 +10,7 @@ pub mod dask;
 pub mod ext4;
 pub mod nats;
 pub mod ops;
+pub mod otlp;
 pub mod process;
 pub mod slurm;
 pub mod tmpfs;

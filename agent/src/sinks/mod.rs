@@ -1,7 +1,8 @@
 //! Where events go after the outbox: the [`Sink`](delivery::Sink) trait and
 //! the one delivery loop every sink runs (delivery.rs), the cluster guard
 //! of the sinks that act on a scheduler (guard.rs), and one folder per sink
-//! that owns its config type: webhook, nats, dask, slurm, kubernetes.
+//! that owns its config type: webhook, nats, dask, slurm, kubernetes, otlp
+//! (OpenTelemetry, behind the Cargo feature `otlp`).
 //!
 //! Adding a sink touches its own folder and one line of [`sinks!`] below
 //! (docs/writing-a-sink.md).
@@ -13,6 +14,8 @@ pub(crate) mod delivery;
 pub(crate) mod guard;
 pub(crate) mod kubernetes;
 pub(crate) mod nats;
+#[cfg(feature = "otlp")]
+pub(crate) mod otlp;
 pub(crate) mod slurm;
 pub(crate) mod webhook;
 
@@ -198,17 +201,19 @@ pub(crate) trait Start {
 /// (which implements [`Start`] and has `from_table(SinkTable)`).
 /// The single-table sinks after `;` are read by their own table's reader
 /// (`[kubernetes]`: config/kubernetes.rs), not as `[[table]]`s.
+/// A line may start with attributes (`#[cfg(feature = "otlp")]`): they
+/// apply to everything the macro makes of that line.
 macro_rules! sinks {
-    ($($table:literal => $variant:ident($config:ty)),+ ; $($single:ident($sconfig:ty)),* $(,)?) => {
+    ($($(#[$meta:meta])* $table:literal => $variant:ident($config:ty)),+ ; $($single:ident($sconfig:ty)),* $(,)?) => {
         /// One configured sink, of any kind.
         #[derive(Clone, Debug, PartialEq)]
         pub enum SinkConfig {
-            $($variant($config),)+
+            $($(#[$meta])* $variant($config),)+
             $($single($sconfig),)*
         }
 
         /// The config file's sink tables: `[[webhook]]`, …
-        pub(crate) const TABLES: &[&str] = &[$($table),+];
+        pub(crate) const TABLES: &[&str] = &[$($(#[$meta])* $table),+];
 
         impl SinkConfig {
             /// Reads the `index`th `[[table]]`; `None` when `table` is no sink's.
@@ -218,7 +223,7 @@ macro_rules! sinks {
                 value: toml::Table,
             ) -> Option<Result<Self, InvalidKey>> {
                 match table {
-                    $($table => Some(
+                    $($(#[$meta])* $table => Some(
                         <$config>::from_table(SinkTable::new($table, index, value))
                             .map(Self::$variant),
                     ),)+
@@ -228,7 +233,7 @@ macro_rules! sinks {
 
             fn kind(&self) -> &dyn Start {
                 match self {
-                    $(Self::$variant(config) => config,)+
+                    $($(#[$meta])* Self::$variant(config) => config,)+
                     $(Self::$single(config) => config,)*
                 }
             }
@@ -240,7 +245,9 @@ sinks! {
     "webhook" => Webhook(WebhookConfig),
     "nats" => Nats(NatsConfig),
     "dask" => Dask(DaskConfig),
-    "slurm" => Slurm(SlurmConfig);
+    "slurm" => Slurm(SlurmConfig),
+    #[cfg(feature = "otlp")]
+    "otlp" => Otlp(otlp::OtlpConfig);
     Kubernetes(KubernetesSinkConfig),
 }
 
