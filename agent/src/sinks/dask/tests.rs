@@ -104,7 +104,8 @@ fn sink(url: &str, outbox: &Outbox) -> DaskSink {
 
 /// `health`: each worker's health now, as the watchdog says it.
 fn sink_seeing(url: &str, outbox: &Outbox, health: WorkerHealth) -> DaskSink {
-    // Pids that do not exist: the Dask workers are matched by name.
+    // Pids that do not exist: the Dask workers are matched by name, which
+    // needs their addresses on this host (loopback: 127.0.0.0/8).
     let specs: Arc<[WorkerSpec]> = ["w1", "w2", "w3"]
         .iter()
         .enumerate()
@@ -189,8 +190,8 @@ fn guard_blocked(outbox: &Outbox) -> Vec<Event> {
 fn two_workers() -> FakeScheduler {
     let fake = FakeScheduler::default();
     *fake.workers.lock().unwrap() = vec![
-        ("w1".into(), "tcp://192.0.2.1:1".into()),
-        ("w2".into(), "tcp://192.0.2.2:2".into()),
+        ("w1".into(), "tcp://127.0.0.1:1".into()),
+        ("w2".into(), "tcp://127.0.0.2:2".into()),
     ];
     fake
 }
@@ -201,7 +202,7 @@ fn three_workers() -> FakeScheduler {
     fake.workers
         .lock()
         .unwrap()
-        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+        .push(("w3".into(), "tcp://127.0.0.3:3".into()));
     fake
 }
 
@@ -217,8 +218,8 @@ fn outbox() -> Outbox {
 async fn retires_one_worker_at_a_time_and_reports_a_blocked_guard_once() {
     let fake = FakeScheduler::default();
     *fake.workers.lock().unwrap() = vec![
-        ("w1".into(), "tcp://192.0.2.1:1".into()),
-        ("w2".into(), "tcp://192.0.2.2:2".into()),
+        ("w1".into(), "tcp://127.0.0.1:1".into()),
+        ("w2".into(), "tcp://127.0.0.2:2".into()),
     ];
     let url = serve(fake.clone()).await;
     let outbox = Outbox::new(
@@ -234,13 +235,13 @@ async fn retires_one_worker_at_a_time_and_reports_a_blocked_guard_once() {
         event(2, EventKind::WorkerUnhealthy, Some("w2"), None),
     ];
     sink.send(&both).await.unwrap();
-    assert_eq!(*fake.retired.lock().unwrap(), [["tcp://192.0.2.1:1"]]);
+    assert_eq!(*fake.retired.lock().unwrap(), [["tcp://127.0.0.1:1"]]);
     let blocked = guard_blocked(&outbox);
     assert_eq!(blocked.len(), 1);
     assert_eq!(blocked[0].body.worker.as_deref(), Some("w2"));
     assert_eq!(
         blocked[0].body.scheduler_worker.as_deref(),
-        Some("tcp://192.0.2.2:2")
+        Some("tcp://127.0.0.2:2")
     );
 
     // Still blocked at the next heartbeat: nothing retired, nothing reported again.
@@ -253,22 +254,22 @@ async fn retires_one_worker_at_a_time_and_reports_a_blocked_guard_once() {
     fake.workers
         .lock()
         .unwrap()
-        .push(("w3".into(), "tcp://192.0.2.3:3".into()));
+        .push(("w3".into(), "tcp://127.0.0.3:3".into()));
     sink.send(&[heartbeat(4, &["w1", "w2"])]).await.unwrap();
     assert_eq!(
         *fake.retired.lock().unwrap(),
-        [["tcp://192.0.2.1:1"], ["tcp://192.0.2.2:2"]]
+        [["tcp://127.0.0.1:1"], ["tcp://127.0.0.2:2"]]
     );
     assert_eq!(
         *fake.workers.lock().unwrap(),
-        [("w3".to_string(), "tcp://192.0.2.3:3".to_string())]
+        [("w3".to_string(), "tcp://127.0.0.3:3".to_string())]
     );
 
     // A recovered worker that turns unhealthy again is acted on again.
     fake.workers
         .lock()
         .unwrap()
-        .push(("w1".into(), "tcp://192.0.2.1:5".into()));
+        .push(("w1".into(), "tcp://127.0.0.1:5".into()));
     sink.send(&[
         event(5, EventKind::WorkerRecovered, Some("w1"), None),
         event(6, EventKind::WorkerUnhealthy, Some("w1"), None),
@@ -277,7 +278,7 @@ async fn retires_one_worker_at_a_time_and_reports_a_blocked_guard_once() {
     .unwrap();
     assert_eq!(
         fake.retired.lock().unwrap().last().unwrap(),
-        &["tcp://192.0.2.1:5"]
+        &["tcp://127.0.0.1:5"]
     );
 }
 
@@ -310,7 +311,7 @@ async fn an_unreachable_scheduler_fails_the_batch_for_a_retry() {
 async fn a_worker_another_host_is_retiring_counts_as_gone() {
     let fake = two_workers();
     // w2 is being retired by another host's agent (or anyone).
-    fake.set_status("tcp://192.0.2.2:2", "closing_gracefully");
+    fake.set_status("tcp://127.0.0.2:2", "closing_gracefully");
     let url = serve(fake.clone()).await;
     let outbox = outbox();
     let mut sink = sink(&url, &outbox);
@@ -335,8 +336,8 @@ async fn a_worker_another_host_is_retiring_counts_as_gone() {
 async fn a_paused_worker_may_go_where_a_running_one_may_not() {
     let fake = three_workers();
     // w2 and w3 paused (over Dask's pause threshold): one worker runs.
-    fake.set_status("tcp://192.0.2.2:2", "paused");
-    fake.set_status("tcp://192.0.2.3:3", "paused");
+    fake.set_status("tcp://127.0.0.2:2", "paused");
+    fake.set_status("tcp://127.0.0.3:3", "paused");
     let url = serve(fake.clone()).await;
     let outbox = outbox();
     let mut sink = sink(&url, &outbox);
@@ -350,16 +351,16 @@ async fn a_paused_worker_may_go_where_a_running_one_may_not() {
     sink.send(&[event(2, EventKind::WorkerUnhealthy, Some("w2"), None)])
         .await
         .unwrap();
-    assert_eq!(*fake.retired.lock().unwrap(), [["tcp://192.0.2.2:2"]]);
+    assert_eq!(*fake.retired.lock().unwrap(), [["tcp://127.0.0.2:2"]]);
 }
 
 #[tokio::test]
 async fn a_retirement_the_scheduler_refuses_is_reported_and_tried_again() {
     let fake = FakeScheduler::default();
     *fake.workers.lock().unwrap() = vec![
-        ("w1".into(), "tcp://192.0.2.1:1".into()),
-        ("w2".into(), "tcp://192.0.2.2:2".into()),
-        ("w3".into(), "tcp://192.0.2.3:3".into()),
+        ("w1".into(), "tcp://127.0.0.1:1".into()),
+        ("w2".into(), "tcp://127.0.0.2:2".into()),
+        ("w3".into(), "tcp://127.0.0.3:3".into()),
     ];
     fake.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
     let url = serve(fake.clone()).await;
@@ -488,7 +489,7 @@ async fn retirements_wait_out_the_gate_after_a_state_loss() {
     sink.send(&[heartbeat(3, &["w1"])]).await.unwrap();
     assert_eq!(
         *fake.retired.lock().unwrap(),
-        [vec!["tcp://192.0.2.1:1".to_string()]]
+        [vec!["tcp://127.0.0.1:1".to_string()]]
     );
 }
 
@@ -549,7 +550,7 @@ async fn a_predicted_kill_retires_the_worker_while_it_is_still_predicted() {
     sink.send(&[imminent(4), heartbeat(5, &[])]).await.unwrap();
     assert_eq!(
         *fake.retired.lock().unwrap(),
-        [vec!["tcp://192.0.2.1:1".to_string()]]
+        [vec!["tcp://127.0.0.1:1".to_string()]]
     );
     // Said again in the same episode: retired once.
     sink.send(&[imminent(6)]).await.unwrap();
