@@ -1,7 +1,6 @@
 //! The outbox: every event is numbered at once and written to the state
 //! directory (SQLite, see store.rs) by a writer thread, many events to one
-//! commit (writer.rs); sinks are woken once it is numbered and read it
-//! from memory before its fsync (window.rs). Appending never
+//! commit (writer.rs); sinks are woken once it is written. Appending never
 //! waits for the disk, nor does [`Outbox::status`]; calls that read or
 //! write the database from async code move off the runtime's workers
 //! first, so a disk that hangs stalls the loops that need it, never the
@@ -48,7 +47,6 @@ use tokio::{runtime::RuntimeFlavor, sync::watch};
 use tracing::warn;
 
 pub(crate) mod store;
-mod window;
 mod writer;
 
 pub(crate) use self::store::Quarantined;
@@ -155,12 +153,8 @@ struct Core {
     room: Condvar,
     host: Arc<str>,
     metrics: Metrics,
-    /// The newest seq stored and synced, for callers that wait for
-    /// durability ([`Outbox::stored`]).
+    /// The newest seq, for readers that wait for more (sinks, `events --follow`).
     newest: watch::Sender<u64>,
-    /// The newest seq numbered (maybe not stored yet), for readers that
-    /// wait for more (sinks).
-    numbered: watch::Sender<u64>,
     /// The database's epoch.
     epoch: Arc<str>,
     /// The corrupt database set aside when this one was opened.
@@ -189,14 +183,8 @@ struct Mem {
     in_flight: usize,
     persist_error: Option<String>,
     cursors: BTreeMap<String, u64>,
-    /// The cursors as the database holds them (never past
-    /// `newest_stored`, see window.rs).
-    cursors_stored: BTreeMap<String, u64>,
-    /// Stored events not yet acknowledged by every sink, oldest first, at
-    /// most [`window::WINDOW`]; all older than `pending`.
-    recent: VecDeque<Event>,
-    /// Every event with a seq above it is in `recent` or `pending`.
-    recent_floor: u64,
+    /// Cursors moved since they were last stored.
+    cursors_dirty: bool,
     /// Changes to the kept tasks not yet written, oldest first: written
     /// with the events of the same round (a registration costs one sync,
     /// shared with its `task_started`). At most [`MAX_KEPT_QUEUED`].
@@ -302,16 +290,13 @@ impl Outbox {
                 in_flight: 0,
                 persist_error: None,
                 cursors: BTreeMap::new(),
-                cursors_stored: BTreeMap::new(),
-                recent: VecDeque::new(),
-                recent_floor: newest_stored,
+                cursors_dirty: false,
                 kept: VecDeque::new(),
             }),
             room: Condvar::new(),
             host: host.into(),
             metrics,
             newest: watch::channel(last).0,
-            numbered: watch::channel(last).0,
             epoch,
             set_aside: OnceLock::new(),
             beat: Mutex::new(None),
@@ -346,9 +331,6 @@ impl Outbox {
                 body,
             };
             mem.pending.push_back(event.clone());
-            if seq != UNNUMBERED {
-                self.core.numbered.send_replace(seq);
-            }
             if mem.persist_error.is_some() {
                 // Counted once: those made before writes failed are
                 // counted by the round that found out (writer.rs).
@@ -396,13 +378,8 @@ impl Outbox {
     }
 
     /// Up to `limit` events with `seq > after`, oldest first: those stored,
-    /// then those still waiting for the writer. From memory when the
-    /// window reaches back to `after` (a sink that keeps up: no wait for
-    /// a write in progress), else from the database.
+    /// then those still waiting for the writer.
     pub fn read(&self, after: u64, limit: usize) -> Vec<Event> {
-        if let Some(events) = window::read(&self.core.mem(), after, limit) {
-            return events;
-        }
         let (events, set_aside) = off_runtime(|| {
             let store = self.core.store();
             let (mut events, set_aside) = match store.read(after, limit) {
@@ -479,10 +456,9 @@ impl Outbox {
         tokio::time::timeout(bound, wait).await.unwrap_or(false)
     }
 
-    /// Watches the newest seq numbered: readable at once ([`Outbox::read`]),
-    /// stored a moment later ([`Outbox::stored`] waits for that).
+    /// Watches the newest seq.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.core.numbered.subscribe()
+        self.core.newest.subscribe()
     }
 
     pub fn host(&self) -> &str {
@@ -506,19 +482,15 @@ impl Outbox {
                 0
             }
         };
-        let mut mem = self.core.mem();
-        mem.cursors.insert(sink.to_string(), seq);
-        mem.cursors_stored.insert(sink.to_string(), seq);
-        window::trim(&mut mem);
+        self.core.mem().cursors.insert(sink.to_string(), seq);
         seq
     }
 
-    /// `sink` acknowledged every event up to `seq`; stored by the writer,
-    /// never past the highest stored seq (see window.rs).
+    /// `sink` acknowledged every event up to `seq` (stored by the writer).
     pub fn ack(&self, sink: &str, seq: u64) {
         let mut mem = self.core.mem();
         mem.cursors.insert(sink.to_string(), seq);
-        window::trim(&mut mem);
+        mem.cursors_dirty = true;
         drop(mem);
         self.writer.wake();
     }
@@ -723,7 +695,6 @@ impl Core {
             None => Some(store.bytes()),
         };
         let mut mem = self.mem();
-        window::forget(&mut mem, seqs);
         mem.stored = mem.stored.saturating_sub(seqs.len() as u64);
         match (freed, measured) {
             (Some(bytes), _) => mem.stored_bytes = mem.stored_bytes.saturating_sub(bytes),

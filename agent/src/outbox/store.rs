@@ -129,9 +129,6 @@ pub(crate) type SetAside = (u64, String);
 pub(crate) struct Store {
     conn: Connection,
     epoch: String,
-    /// Holds commits back, or fails every write as after a crash (tests).
-    #[cfg(test)]
-    pub(crate) gate: std::sync::Arc<gate::Gate>,
 }
 
 /// A corrupt database that [`Store::open`] set aside.
@@ -212,12 +209,7 @@ impl Store {
         let conn = Connection::open_in_memory()?;
         conn.execute_batch(SCHEMA)?;
         let epoch = ensure_epoch(&conn)?;
-        Ok(Self {
-            conn,
-            epoch,
-            #[cfg(test)]
-            gate: Default::default(),
-        })
+        Ok(Self { conn, epoch })
     }
 
     /// The database's epoch (a UUIDv7), made with it or at its first open
@@ -248,8 +240,6 @@ impl Store {
     /// crash goes on above it, so a seq handed out is never handed out
     /// again, whether its event was written or not.
     pub(crate) fn reserve_seqs(&self, until: u64) -> Result<(), StoreError> {
-        #[cfg(test)]
-        self.gate.alive()?;
         self.conn.execute(
             "INSERT INTO meta (key, value) VALUES (?1, ?2)
              ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
@@ -304,8 +294,6 @@ impl Store {
                 params![LAST_SEQ, last.seq as i64],
             )?;
         }
-        #[cfg(test)]
-        self.gate.pass()?;
         tx.commit()?;
         Ok(bytes)
     }
@@ -465,8 +453,6 @@ impl Store {
         &mut self,
         cursors: &BTreeMap<String, u64>,
     ) -> Result<(), StoreError> {
-        #[cfg(test)]
-        self.gate.alive()?;
         let tx = self.conn.transaction()?;
         {
             let mut upsert = tx.prepare_cached(
@@ -702,12 +688,7 @@ fn connect(path: &Path) -> Result<Store, OpenFailure> {
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch(SCHEMA)?;
     let epoch = ensure_epoch(&conn)?;
-    Ok(Store {
-        conn,
-        epoch,
-        #[cfg(test)]
-        gate: Default::default(),
-    })
+    Ok(Store { conn, epoch })
 }
 
 /// The database's epoch, made (and stored) when it has none: a new
@@ -777,7 +758,3 @@ fn delete_seqs(conn: &Connection, seqs: &[u64]) -> rusqlite::Result<()> {
     }
     Ok(())
 }
-
-/// A commit that waits until the test lets it go (store/gate.rs).
-#[cfg(test)]
-pub(crate) mod gate;

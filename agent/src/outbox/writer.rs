@@ -24,7 +24,6 @@ use tracing::{info, warn};
 use super::{
     Core, Mem, SEQ_BLOCK, UNNUMBERED,
     store::{KeptTask, Store},
-    window,
 };
 use crate::model::event::Event;
 
@@ -123,7 +122,7 @@ impl Core {
             }
         }
         let mem = self.mem();
-        mem.pending.is_empty() && mem.kept.is_empty() && window::to_store(&mem).is_none()
+        mem.pending.is_empty() && mem.kept.is_empty() && !mem.cursors_dirty
     }
 
     /// One round: reserve seqs when they run low (and number the events
@@ -132,7 +131,7 @@ impl Core {
     /// and more may be queued.
     fn write_round(&self, store: &mut Store) -> bool {
         self.reserve(store);
-        let (batch, kept) = {
+        let (batch, kept, cursors) = {
             let mut mem = self.mem();
             let numbered = mem
                 .pending
@@ -143,22 +142,20 @@ impl Core {
             mem.in_flight = numbered;
             let batch: Vec<Event> = mem.pending.iter().take(numbered).cloned().collect();
             let kept: Vec<KeptTask> = mem.kept.iter().take(WRITE_BATCH).cloned().collect();
-            (batch, kept)
+            let cursors = mem.cursors_dirty.then(|| mem.cursors.clone());
+            (batch, kept, cursors)
         };
         let wrote =
             !(batch.is_empty() && kept.is_empty()) && self.write_batch(store, &batch, &kept);
-        // After the batch: a cursor may now move up to what it stored.
-        let cursors = {
-            let mem = self.mem();
-            mem.persist_error
-                .is_none()
-                .then(|| window::to_store(&mem))
-                .flatten()
-        };
-        if let Some(cursors) = cursors {
+        if let Some(cursors) = cursors
+            && self.mem().persist_error.is_none()
+        {
             match store.set_cursors(&cursors) {
-                // Moved again meanwhile: stored next round.
-                Ok(()) => self.mem().cursors_stored = cursors,
+                Ok(()) => {
+                    let mut mem = self.mem();
+                    // Moved again meanwhile: stored next round.
+                    mem.cursors_dirty = mem.cursors != cursors;
+                }
                 Err(error) => warn!(%error, "cannot store the sinks' cursors; will retry"),
             }
         }
@@ -186,8 +183,7 @@ impl Core {
                     mem.stored += batch.len() as u64;
                     mem.newest_stored = mem.newest_stored.max(last);
                     mem.stored_bytes += bytes;
-                    let written: Vec<Event> = mem.pending.drain(..batch.len()).collect();
-                    window::stored(&mut mem, written);
+                    mem.pending.drain(..batch.len());
                     mem.kept.drain(..kept.len());
                     self.room.notify_all();
                     if mem.persist_error.take().is_some() {
@@ -282,7 +278,6 @@ impl Core {
             seq += 1;
         }
         mem.next_seq = seq;
-        self.numbered.send_replace(seq - 1);
         info!(
             events = waiting,
             "events held unnumbered in memory are numbered"

@@ -2,7 +2,6 @@
 
 mod corrupt;
 mod epochs;
-mod window;
 
 use std::collections::HashSet;
 
