@@ -58,6 +58,8 @@ async fn a_frozen_state_directory_fails_live_then_recovers_and_loses_nothing() {
         ],
     )
     .await;
+    // Dropped before the agent: a failure while frozen thaws first.
+    let _thaw = disk.thaw_on_drop();
     let client = reqwest::Client::builder()
         .timeout(ANSWER_BOUND)
         .build()

@@ -88,3 +88,26 @@ impl Drop for Ext4 {
         let _ = Command::new("umount").arg("-l").arg(&path).status();
     }
 }
+
+/// Thaws the file system when dropped. Declared after the agent that writes
+/// there, it is dropped before it: a test that fails while the file system
+/// is frozen then does not wait for ever on an agent whose writer thread is
+/// stuck in it (the agent cannot exit until the thaw).
+pub struct ThawOnDrop(PathBuf);
+
+impl Drop for ThawOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze")
+            .arg("--unfreeze")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+impl Ext4 {
+    /// A [`ThawOnDrop`] for this file system.
+    pub fn thaw_on_drop(&self) -> ThawOnDrop {
+        ThawOnDrop(self.path().to_path_buf())
+    }
+}
