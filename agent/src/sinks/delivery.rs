@@ -64,6 +64,27 @@ impl SendError {
             message: message.into(),
         }
     }
+
+    /// A request that got no answer (the HTTP sinks: webhook, Dask, OTLP
+    /// over HTTP): a timeout, a refused connection, or anything else.
+    pub(crate) fn from_reqwest(error: reqwest::Error) -> Self {
+        let class = if error.is_timeout() {
+            FailureClass::Timeout
+        } else if error.is_connect() {
+            FailureClass::Connect
+        } else {
+            FailureClass::Other
+        };
+        // The source chain says why (refused, reset, …); Display alone does not.
+        let mut message = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Self::new(class, message)
+    }
 }
 
 /// Somewhere events go. `send` returns `Ok` only once the far end has

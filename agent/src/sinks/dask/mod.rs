@@ -48,7 +48,6 @@ use crate::{
         delivery::{FailureClass, SendError, Sink},
         guard::Capacity,
         report, stale, stale_prediction,
-        webhook::classify,
     },
 };
 
@@ -129,7 +128,12 @@ impl DaskSink {
     /// (`/json/identity.json`): the raw answer, without mapping.
     async fn identity(&self) -> Result<Vec<names::DaskWorker>, SendError> {
         let url = api_url(&self.config, "json/identity.json");
-        let response = self.client.get(url).send().await.map_err(classify)?;
+        let response = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .map_err(SendError::from_reqwest)?;
         let status = response.status();
         if !status.is_success() {
             return Err(SendError::new(
@@ -181,7 +185,7 @@ impl DaskSink {
             .json(&serde_json::json!({ "workers": addresses }))
             .send()
             .await
-            .map_err(classify)?;
+            .map_err(SendError::from_reqwest)?;
         let status = response.status();
         if !status.is_success() {
             return Err(SendError::new(

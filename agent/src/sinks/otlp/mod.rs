@@ -285,7 +285,7 @@ async fn export_http(
         .body(request.encode_to_vec())
         .send()
         .await
-        .map_err(http_error)?;
+        .map_err(SendError::from_reqwest)?;
     let status = response.status();
     if !status.is_success() {
         return Err(SendError::new(
@@ -297,7 +297,7 @@ async fn export_http(
         .headers()
         .get(CONTENT_TYPE)
         .is_some_and(|t| t.as_bytes().starts_with(PROTOBUF.as_bytes()));
-    let body = response.bytes().await.map_err(http_error)?;
+    let body = response.bytes().await.map_err(SendError::from_reqwest)?;
     // A 2xx is the acknowledgement; its body only says what was rejected.
     Ok(if protobuf {
         ExportLogsServiceResponse::decode(body).unwrap_or_default()
@@ -313,24 +313,6 @@ pub(crate) fn http_status_class(status: reqwest::StatusCode) -> FailureClass {
         400 | 413 => FailureClass::Refused,
         _ => FailureClass::Status,
     }
-}
-
-fn http_error(error: reqwest::Error) -> SendError {
-    let class = if error.is_timeout() {
-        FailureClass::Timeout
-    } else if error.is_connect() {
-        FailureClass::Connect
-    } else {
-        FailureClass::Other
-    };
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    SendError::new(class, message)
 }
 
 #[cfg(test)]

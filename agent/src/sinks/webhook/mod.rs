@@ -221,7 +221,11 @@ impl Sink for WebhookSink {
                 )
                 .header(SIGNATURE_HEADER, signature(key, &body));
         }
-        let response = request.body(body).send().await.map_err(classify)?;
+        let response = request
+            .body(body)
+            .send()
+            .await
+            .map_err(SendError::from_reqwest)?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
@@ -241,25 +245,6 @@ impl Sink for WebhookSink {
             format!("{} answered {status}", self.config.url),
         ))
     }
-}
-
-pub(super) fn classify(error: reqwest::Error) -> SendError {
-    let class = if error.is_timeout() {
-        FailureClass::Timeout
-    } else if error.is_connect() {
-        FailureClass::Connect
-    } else {
-        FailureClass::Other
-    };
-    // The source chain says why (refused, reset, …); Display alone does not.
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    SendError::new(class, message)
 }
 
 #[cfg(test)]
