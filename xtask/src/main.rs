@@ -92,6 +92,14 @@ enum Task {
         /// Leave docs/kernels.md as it is.
         #[arg(long)]
         no_docs: bool,
+        /// Run the test binaries this many times in each VM (to chase a
+        /// failure seen once); implies --no-docs when above 1.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+        /// Arguments for each kernel test binary, after `--` (a test name
+        /// filter, `--exact`, …).
+        #[arg(last = true)]
+        test_args: Vec<String>,
     },
 }
 
@@ -156,6 +164,8 @@ fn run(task: Task) -> anyhow::Result<()> {
                     kernels: Vec::new(),
                     timeout: Duration::from_secs(240),
                     write_docs: true,
+                    repeat: 1,
+                    test_args: Vec::new(),
                 })?;
             }
             Ok(())
@@ -165,12 +175,16 @@ fn run(task: Task) -> anyhow::Result<()> {
             kernels,
             timeout,
             no_docs,
+            repeat,
+            test_args,
         } => {
             setup::ensure()?;
             vm::run(&vm::Options {
                 kernels,
-                timeout: Duration::from_secs(timeout),
-                write_docs: !no_docs,
+                timeout: Duration::from_secs(timeout) * repeat.max(1),
+                write_docs: !no_docs && repeat <= 1 && test_args.is_empty(),
+                repeat: repeat.max(1),
+                test_args,
             })
         }
     }

@@ -38,6 +38,10 @@ pub(super) struct Contents<'a> {
     /// `MEMWATCH_TEST_TIME_SCALE` for the tests' latency bounds: above 1
     /// only under software emulation.
     pub time_scale: u32,
+    /// Runs of the whole list.
+    pub repeat: u32,
+    /// Passed to each test executable.
+    pub test_args: &'a [String],
 }
 
 /// Writes `<dir>/initramfs.cpio` (uncompressed newc: the kernel unpacks it
@@ -95,11 +99,17 @@ pub(super) fn build(dir: &Path, contents: &Contents<'_>) -> anyhow::Result<PathB
 /// would measure each other's load, not the latency the bounds are about.
 fn init_script(contents: &Contents<'_>) -> String {
     let mut tests = String::new();
-    for test in contents.tests {
+    let extra: String = contents
+        .test_args
+        .iter()
+        .map(|a| format!(" '{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let runs = (0..contents.repeat.max(1)).flat_map(|_| contents.tests.iter());
+    for test in runs {
         let name = test_name(test);
         tests.push_str(&format!(
             "echo \"MEMWATCH-VM-TEST-BEGIN {name}\"\n\
-             (cd '{workdir}' && '{exe}' --show-output --test-threads=1 2>&1)\n\
+             (cd '{workdir}' && '{exe}' --show-output --test-threads=1{extra} 2>&1)\n\
              r=$?\n\
              echo \"{TEST_END} {name} rc=$r\"\n\
              [ $r -eq 0 ] || rc=1\n",

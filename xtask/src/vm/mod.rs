@@ -72,6 +72,10 @@ pub(crate) struct Options {
     pub timeout: Duration,
     /// Write docs/kernels.md from this run.
     pub write_docs: bool,
+    /// Runs of the test binaries per kernel.
+    pub repeat: u32,
+    /// Passed to each test binary (a name filter, …).
+    pub test_args: Vec<String>,
 }
 
 pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
@@ -102,6 +106,8 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
             workdir: &workdir,
             memwatch: &memwatch,
             time_scale: accel.time_scale(),
+            repeat: options.repeat,
+            test_args: &options.test_args,
         };
         let cpio = initramfs::build(&vm_dir, &contents)?;
         eprintln!(
@@ -164,7 +170,7 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     }
     let outcomes: Vec<Outcome> = outcomes
         .into_iter()
-        .map(|outcome| outcome.unwrap_or_else(|| on_host(&tests, &workdir, &memwatch)))
+        .map(|outcome| outcome.unwrap_or_else(|| on_host(&tests, &workdir, &memwatch, options)))
         .inspect(|outcome| {
             eprintln!(
                 "xtask: vm-test: {}: {}",
@@ -432,7 +438,7 @@ fn boot(
 }
 
 /// The same kernel tests, run directly on this host (its cgroups as they are).
-fn on_host(tests: &[PathBuf], workdir: &Path, memwatch: &Path) -> Outcome {
+fn on_host(tests: &[PathBuf], workdir: &Path, memwatch: &Path, options: &Options) -> Outcome {
     let mut outcome = Outcome {
         spec: "host".into(),
         package: "host".into(),
@@ -452,11 +458,13 @@ fn on_host(tests: &[PathBuf], workdir: &Path, memwatch: &Path) -> Outcome {
     }
     let started = Instant::now();
     let mut rc = 0;
-    for test in tests {
+    let runs = (0..options.repeat).flat_map(|_| tests.iter());
+    for test in runs {
         let name = initramfs::test_name(test);
         eprintln!("xtask: vm-test: host: {name}");
         let out = Command::new(test)
             .arg("--show-output")
+            .args(&options.test_args)
             .current_dir(workdir)
             .env("CI", "true")
             .stderr(Stdio::inherit())
