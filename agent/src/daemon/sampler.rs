@@ -366,7 +366,15 @@ mod tests {
                 .split_whitespace()
                 .filter_map(|p| p.parse().ok())
                 .collect();
-            if pids.len() == 2 || std::time::Instant::now() > deadline {
+            // Both forks have become `sleep`: a child between fork and
+            // exec still has the shell's pages, and the two reads below
+            // would count it at two sizes.
+            let execed = |p: &i32| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            };
+            if (pids.len() == 2 && pids.iter().all(execed)) || std::time::Instant::now() > deadline
+            {
                 break pids;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -378,13 +386,27 @@ mod tests {
             .unwrap()
             .rss
             * procfs::page_size();
-        let listed = subtree_rss(pid)
-            .unwrap()
-            .expect("this kernel lists children");
-        let many = SystemReader.read_many(&[
-            ("tree".into(), source.clone()),
-            ("gone".into(), MemorySource::Pid(u32::MAX / 2)),
-        ]);
+        // Read both ways until a read by the lists agrees before and after
+        // the walk (bounded): a page the shell touches between the reads
+        // is the process's, not either reader's.
+        let (listed, many) = {
+            let mut tries = 0;
+            loop {
+                let before = subtree_rss(pid)
+                    .unwrap()
+                    .expect("this kernel lists children");
+                let many = SystemReader.read_many(&[
+                    ("tree".into(), source.clone()),
+                    ("gone".into(), MemorySource::Pid(u32::MAX / 2)),
+                ]);
+                let after = subtree_rss(pid).unwrap().expect("listed again");
+                tries += 1;
+                if before == after || tries == 20 {
+                    break (after, many);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        };
         for child in &children {
             let _ = std::process::Command::new("kill")
                 .arg(child.to_string())
