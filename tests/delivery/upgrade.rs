@@ -29,6 +29,15 @@ use serde_json::{Value, json};
 /// The build before this changes to the state directory.
 const OLD_COMMIT: &str = "454dafa";
 
+/// This tree's `[profile.dev]` for dependencies (Cargo.toml), given to the
+/// old commit's build, whose Cargo.toml has none; and no debug info for its
+/// own crates, which nothing here debugs.
+const SHARED_PROFILE: [&str; 3] = [
+    "profile.dev.debug=false",
+    "profile.dev.package.\"*\".opt-level=1",
+    "profile.dev.package.\"*\".debug=false",
+];
+
 fn enabled() -> bool {
     if in_ci() || std::env::var("MEMWATCH_TEST_UPGRADE").is_ok_and(|v| v == "1") {
         return true;
@@ -88,11 +97,19 @@ fn old_build() -> PathBuf {
             .arg(&src)
             .arg(OLD_COMMIT));
     }
+    // The old commit's profile is overridden with this tree's for the
+    // dependencies (optimized a little, no debug info) and none for its own
+    // crates, and its intermediate artifacts go to this tree's build
+    // directory: the dependencies both builds compile alike (the build
+    // scripts and proc-macros above all) are compiled once. Its binary
+    // stays in a target directory of its own.
     run(
         Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
             .args(["build", "--locked", "-p", "memwatch", "--bin", "memwatch"])
+            .args(SHARED_PROFILE.iter().flat_map(|c| ["--config", c]))
             .current_dir(&src)
-            .env("CARGO_TARGET_DIR", dir.join("target")),
+            .env("CARGO_TARGET_DIR", dir.join("target"))
+            .env("CARGO_BUILD_BUILD_DIR", root.join("target")),
     );
     dir.join("target/debug/memwatch")
 }
