@@ -1,6 +1,6 @@
 //! `memwatch top` driven in tmux at 80×24 (send-keys, capture-pane)
 //! against a live agent whose task leaks toward its hard cap: the task's
-//! row says `imminent` with an ETA, the keys pause, filter and quit; piped,
+//! row says `imminent` with an ETA and its own limit, the keys pause, filter and quit; piped,
 //! it prints plain lines. Root only (the agent and the task's cgroup);
 //! never skipped in CI.
 
@@ -158,6 +158,17 @@ async fn top_in_tmux_shows_the_leaking_task_first_with_its_eta_and_obeys_its_key
         lines[header + 1].starts_with("imminent"),
         "the predicted kill comes first:\n{pane}"
     );
+    // Its nearest limit is its own hard cap; the worker's cgroup has none,
+    // so the worker's is the host's memory.
+    assert!(
+        lines[header + 1].contains(" 256M own "),
+        "the task's own 256 MiB limit in LIMIT/OF:\n{pane}"
+    );
+    let worker_row = lines
+        .iter()
+        .find(|l| l.get(10..25).is_some_and(|n| n.trim() == "w1"))
+        .expect("the worker's row");
+    assert!(worker_row.contains(" host "), "{pane}");
     assert!(pane.contains("keys: q quit"), "{pane}");
 
     top.keys("p");

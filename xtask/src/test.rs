@@ -20,6 +20,19 @@ pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
         clippy.extend(HOST_CRATES);
         clippy.extend(["--", "-D", "warnings"]);
         shell::cargo(&clippy)?;
+        // The agent without its optional sinks (each a Cargo feature, on by
+        // default): it must build and lint clean with them left out.
+        shell::cargo(&[
+            "clippy",
+            "--locked",
+            "-p",
+            "memwatch",
+            "--no-default-features",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])?;
         // The eBPF crate needs its own run, for its own target: linted for
         // the host it pulls std in and clashes on panic_impl.
         shell::run(

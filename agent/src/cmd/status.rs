@@ -169,6 +169,7 @@ mod tests {
             soft_cap_bytes: Some(200 << 20),
             running_tasks: 0,
             kernel_usage_bytes: None,
+            limit: Default::default(),
         };
         let task: TaskView = serde_json::from_value(serde_json::json!({
             "task_id": "t1", "worker": "w1", "running_secs": 12, "growing": true,
@@ -258,6 +259,7 @@ mod task_tests {
             owner: "uid:1000".into(),
             kernel_usage_bytes: None,
             eta_seconds: None,
+            limit: Default::default(),
         };
         let text = render(&health, &[], &[task]);
         assert!(

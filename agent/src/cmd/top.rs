@@ -1,6 +1,6 @@
 //! `memwatch top`: a live view of the local agent, refreshed every second:
 //! the verdict and its reasons, each worker and task with its memory, soft
-//! cap, growth rate and trend, the seconds to a predicted OOM kill (ETA),
+//! cap, nearest limit and whose it is, growth rate and trend, the seconds to a predicted OOM kill (ETA),
 //! health, and the last events; what needs attention first. Keys: `s` sort, `f` filter by worker, `p` pause, `q`
 //! quit. When the output is not a terminal it prints plain lines instead
 //! (one screen per refresh), for logs and `watch`.
@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::{TopArgs, client::AgentClient};
 use crate::{
     api::health::HealthBody, daemon::status::AgentStatus, model::event::Event,
-    model::health::Health, watchdog::worker::bytes,
+    model::health::Health, watchdog::predict::LimitFields,
 };
 
 /// Samples kept per row: a minute at the default interval.
@@ -75,6 +75,10 @@ pub(crate) struct Row {
     pub worker: String,
     pub memory: Option<u64>,
     pub soft_cap: Option<u64>,
+    /// The limit nearest to it (least headroom) and whose it is: `own`,
+    /// `anc` (an ancestor cgroup's) or `host` (the host's memory).
+    pub limit: Option<u64>,
+    pub limit_of: &'static str,
     /// Bytes per second over the last samples; `None` with fewer than two.
     pub rate: Option<f64>,
     pub trend: String,
@@ -238,6 +242,8 @@ impl Top {
                 worker: w.name.clone(),
                 memory: w.memory_bytes,
                 soft_cap: w.soft_cap_bytes,
+                limit: w.limit.limit_bytes,
+                limit_of: limit_of(&w.limit),
                 rate,
                 trend,
                 eta: None,
@@ -262,6 +268,8 @@ impl Top {
                 worker: t.worker.clone(),
                 memory: t.memory_bytes,
                 soft_cap: t.soft_cap_bytes,
+                limit: t.limit.limit_bytes,
+                limit_of: limit_of(&t.limit),
                 rate,
                 trend,
                 eta: t.eta_seconds,
@@ -316,12 +324,12 @@ impl Top {
         }
         out.push(String::new());
         out.push(format!(
-            "{:<9} {:<15} {:<8} {:>10} {:>9} {:>9} {:<8} {:>5}",
-            "STATE", "NAME", "WORKER", "MEMORY", "SOFT CAP", "RATE/s", "TREND", "ETA"
+            "{:<9} {:<15} {:<8} {:>6} {:>5} {:>5} {:<4} {:>6} {:<8} {:>5}",
+            "STATE", "NAME", "WORKER", "MEMORY", "CAP", "LIMIT", "OF", "RATE/s", "TREND", "ETA"
         ));
         let rows = self.rows();
         let room = height.saturating_sub(out.len() + EVENTS + 3);
-        let size = |v: Option<u64>| v.map_or("-".to_string(), bytes);
+        let size = |v: Option<u64>| v.map_or("-".to_string(), short);
         for r in rows.iter().take(room) {
             let name = if r.kind == "task" {
                 format!("  {}", r.name)
@@ -329,12 +337,14 @@ impl Top {
                 r.name.clone()
             };
             out.push(format!(
-                "{:<9} {:<15} {:<8} {:>10} {:>9} {:>9} {:<8} {:>5}",
+                "{:<9} {:<15} {:<8} {:>6} {:>5} {:>5} {:<4} {:>6} {:<8} {:>5}",
                 r.state,
                 cut(&name, 15),
                 cut(&r.worker, 8),
                 size(r.memory),
                 size(r.soft_cap),
+                size(r.limit),
+                r.limit_of,
                 r.rate.map_or("-".into(), signed_bytes),
                 r.trend,
                 r.eta.map_or("-".into(), |s| format!("{s:.0}s")),
@@ -352,9 +362,35 @@ impl Top {
     }
 }
 
-/// `+1.2 MiB`, `-300.0 KiB`, `0 B`.
+/// Whose the nearest limit is, for the `OF` column (blank when unknown).
+fn limit_of(limit: &LimitFields) -> &'static str {
+    match limit.limit_owner.as_deref() {
+        Some("own") => "own",
+        Some("ancestor") => "anc",
+        Some("host") => "host",
+        _ => "",
+    }
+}
+
+/// At most 5 characters below 100 TiB: `512B`, `900K`, `1.5G`, `512M`.
+pub(crate) fn short(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "K", "M", "G", "T"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit > 0 && value < 9.95 {
+        format!("{value:.1}{}", UNITS[unit])
+    } else {
+        format!("{}{}", value.round() as u64, UNITS[unit])
+    }
+}
+
+/// `+1.2M`, `-300K`, `0B`.
 fn signed_bytes(rate: f64) -> String {
-    let magnitude = bytes(rate.abs() as u64);
+    let magnitude = short(rate.abs() as u64);
     if rate >= 1.0 {
         format!("+{magnitude}")
     } else if rate <= -1.0 {

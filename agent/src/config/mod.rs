@@ -565,6 +565,7 @@ fn parse_file(path: &Path) -> Result<(FileConfig, Vec<SinkConfig>), ConfigError>
         path: path.display().to_string(),
         message: e.to_string().trim_end().to_string(),
     })?;
+    refuse_left_out(&table, sinks::LEFT_OUT)?;
     let mut sinks = Vec::new();
     for kind in sinks::TABLES {
         let Some(value) = table.remove(*kind) else {
@@ -595,6 +596,21 @@ fn parse_file(path: &Path) -> Result<(FileConfig, Vec<SinkConfig>), ConfigError>
         .map_err(|e| parse_error(e.to_string()))?;
     file.kubernetes = kubernetes;
     Ok((file, sinks))
+}
+
+/// A sink table whose sink this build leaves out (`left_out`: table,
+/// Cargo feature) is an error that says so.
+fn refuse_left_out(table: &toml::Table, left_out: &[(&str, &str)]) -> Result<(), ConfigError> {
+    match left_out.iter().find(|(t, _)| table.contains_key(*t)) {
+        Some((t, feature)) => Err(invalid(
+            *t,
+            format!(
+                "this memwatch was built without its `{feature}` sink (Cargo feature `{feature}`, \
+                 on by default): rebuild with `--features {feature}`, or remove the table"
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 impl From<InvalidKey> for ConfigError {

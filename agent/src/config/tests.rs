@@ -598,3 +598,29 @@ fn any_scope_s_token_allows_listening_beyond_loopback() {
         Config::load(Some(f.path()), &Overrides::default()).unwrap();
     }
 }
+
+#[test]
+fn a_sink_left_out_of_the_build_is_refused_by_name() {
+    let table: toml::Table =
+        toml::from_str("[[otlp]]\nname = \"o\"\nendpoint = \"http://127.0.0.1:4318\"\n").unwrap();
+    let err = refuse_left_out(&table, &[("otlp", "otlp")]).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("otlp"), "{text}");
+    assert!(
+        text.contains("built without its `otlp` sink") && text.contains("--features otlp"),
+        "{text}"
+    );
+    refuse_left_out(&table, &[]).unwrap();
+    // This build's own list: the default build leaves nothing out.
+    #[cfg(feature = "otlp")]
+    assert!(crate::sinks::LEFT_OUT.is_empty());
+    #[cfg(not(feature = "otlp"))]
+    {
+        let f = file("[[otlp]]\nname = \"o\"\nendpoint = \"http://127.0.0.1:4318\"\n");
+        let err = Config::load(Some(f.path()), &Overrides::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("built without its `otlp` sink"),
+            "{err}"
+        );
+    }
+}

@@ -119,6 +119,7 @@ mod tests {
             owner: String::new(),
             kernel_usage_bytes: None,
             eta_seconds: None,
+            limit: Default::default(),
         }
     }
 

@@ -28,6 +28,9 @@ struct Held {
     ids: HashMap<String, u64>,
     /// By id of a watched cgroup: how many keys watch it, and its last line.
     watched: HashMap<u64, Watched>,
+    /// When records were last found lost to a full ring buffer: any of
+    /// them may have been a line of a watched cgroup.
+    lost_at: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -36,6 +39,9 @@ struct Watched {
     /// The kernel's usage at its last line, when it came, and whether it
     /// left the cgroup above its cap.
     last: Option<(u64, Instant, bool)>,
+    /// When its cap was last handed to the kernel: it says nothing of the
+    /// time before.
+    pushed_at: Option<Instant>,
 }
 
 impl KernelCaps {
@@ -53,12 +59,18 @@ impl KernelCaps {
         let (Some(watch), Ok(meta)) = (self.watch.get(), std::fs::metadata(cgroup)) else {
             return;
         };
-        watch.set_cap(meta.ino(), Some(cap));
-        let mut held = self.held();
-        if let Some(old) = held.ids.insert(key.to_string(), meta.ino()) {
-            held.unwatch(old);
+        // Held before the kernel has the cap, so that no line of it can
+        // come before its cgroup is known here.
+        {
+            let mut held = self.held();
+            if let Some(old) = held.ids.insert(key.to_string(), meta.ino()) {
+                held.unwatch(old);
+            }
+            let watched = held.watched.entry(meta.ino()).or_default();
+            watched.keys += 1;
+            watched.pushed_at = Some(Instant::now());
         }
-        held.watched.entry(meta.ino()).or_default().keys += 1;
+        watch.set_cap(meta.ino(), Some(cap));
     }
 
     /// Takes `key`'s cap back from the kernel.
@@ -99,6 +111,14 @@ impl KernelCaps {
         }
     }
 
+    /// Records were lost to a full ring buffer (the probe's counter grew):
+    /// a cap crossing may be among them, so no cgroup counts as quiet for
+    /// reads before now, and the sampling loop runs at once.
+    pub(crate) fn records_lost(&self) {
+        self.held().lost_at = Some(Instant::now());
+        self.sample_now.notify_one();
+    }
+
     /// The kernel's last reported usage of `key`'s cgroup.
     pub(crate) fn usage_of(&self, key: &str) -> Option<u64> {
         let held = self.held();
@@ -108,15 +128,23 @@ impl KernelCaps {
 
     /// Whether the kernel holds `key`'s cap and has said nothing of its
     /// cgroup since `since` but that it is below the cap: its memory
-    /// moved less than a growth step and crossed no cap meanwhile.
+    /// moved less than a growth step and crossed no cap meanwhile. Not
+    /// quiet when the kernel got the cap after `since`, or records were
+    /// lost after it.
     pub(crate) fn quiet_since(&self, key: &str, since: Instant) -> bool {
         if self.watch.get().is_none() {
             return false;
         }
         let held = self.held();
+        if held.lost_at.is_some_and(|lost| lost > since) {
+            return false;
+        }
         let Some(watched) = held.ids.get(key).and_then(|id| held.watched.get(id)) else {
             return false;
         };
+        if watched.pushed_at.is_some_and(|pushed| pushed > since) {
+            return false;
+        }
         match watched.last {
             None => true,
             Some((_, at, above)) => at <= since && !above,
@@ -190,5 +218,31 @@ mod tests {
         caps.remove("t");
         assert!(!caps.quiet_since("t", Instant::now()), "taken back");
         assert_eq!(caps.usage_of("t"), None);
+    }
+
+    /// A read before the kernel got the cap, or before records were lost
+    /// to a full ring buffer, proves nothing: the task is read again, and a
+    /// loss wakes the sampling loop.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_before_the_cap_was_pushed_or_records_were_lost_is_not_quiet() {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = KernelCaps::default();
+        caps.attach(Arc::new(NoMap));
+        let read = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        caps.push("t", dir.path(), 100);
+        assert!(!caps.quiet_since("t", read), "read before the push");
+        assert!(caps.quiet_since("t", Instant::now()));
+
+        let woken = caps.sample_now();
+        let read = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        caps.records_lost();
+        assert!(!caps.quiet_since("t", read), "read before the loss");
+        tokio::time::timeout(Duration::from_millis(1), woken.notified())
+            .await
+            .expect("a loss wakes the sampling loop");
+        tokio::time::advance(Duration::from_millis(5)).await;
+        assert!(caps.quiet_since("t", Instant::now()), "read after the loss");
     }
 }

@@ -261,6 +261,10 @@ impl Daemon {
                     let probe = self.source.as_ref().and_then(Source::probe);
                     let lost = counters.publish(probe, &self.metrics);
                     let newly_lost = self.probe().observe_ringbuf_drops(lost, Instant::now());
+                    if newly_lost {
+                        // A lost record may have been a cap crossing.
+                        self.monitor.kernel_records_lost();
+                    }
                     if let Some(oom) = &mut self.oom {
                         // A lost record may have been a kill; the host-wide
                         // count says whether any went unreported.

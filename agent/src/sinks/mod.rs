@@ -251,6 +251,14 @@ sinks! {
     Kubernetes(KubernetesSinkConfig),
 }
 
+/// Sink tables this build was made without (their Cargo feature off):
+/// (table, feature). A config that has one is refused by name, not read
+/// as an unknown key.
+pub(crate) const LEFT_OUT: &[(&str, &str)] = &[
+    #[cfg(not(feature = "otlp"))]
+    ("otlp", "otlp"),
+];
+
 impl SinkConfig {
     pub fn name(&self) -> &str {
         self.kind().name()

@@ -11,7 +11,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::predict::{Limit, LimitOwner, Prediction, Series};
+use super::predict::{Limit, LimitFields, LimitOwner, Prediction, Series, nearest};
 use crate::model::{
     event::{EventBody, EventKind, OomConstraint},
     spec::PredictSettings,
@@ -149,6 +149,8 @@ struct Followed {
     read_at: Option<Instant>,
     /// The worker it belongs to (itself or one of its tasks).
     worker: String,
+    /// The limit with the least headroom at the last reading.
+    nearest: Option<Limit>,
 }
 
 /// Every followed cgroup's series and hysteresis.
@@ -171,18 +173,20 @@ impl Predictions {
         let mut events = Vec::new();
         for r in readings {
             let rule = self.rules.rule(&r.worker);
-            if !rule.enabled {
-                continue;
-            }
             if !self.cgroups.contains_key(&r.cgroup) && self.cgroups.len() >= MAX_CGROUPS {
                 self.forget_oldest();
             }
             let f = self.cgroups.entry(r.cgroup.clone()).or_default();
-            f.series.push(now, r.unreclaimable);
             f.read_at = Some(now);
+            f.nearest = nearest(&r.limits).cloned();
             if f.worker != r.worker {
                 f.worker.clone_from(&r.worker);
             }
+            // With prediction off its limit is still shown, nothing judged.
+            if !rule.enabled {
+                continue;
+            }
+            f.series.push(now, r.unreclaimable);
             let prediction = f.series.predict(&r.limits, r.high);
             match f.imminence.observe(prediction.as_ref(), rule.horizon, now) {
                 Some(Say::Imminent) => {
@@ -211,6 +215,16 @@ impl Predictions {
     /// The ETA said for `cgroup`, while a kill is imminent.
     pub(crate) fn eta(&self, cgroup: &Path, now: Instant) -> Option<f64> {
         self.cgroups.get(cgroup)?.imminence.eta(now)
+    }
+
+    /// The limit nearest to `cgroup` at its last reading, as `/v1/status`
+    /// shows it (empty for a cgroup not followed).
+    pub(crate) fn nearest_limit(&self, cgroup: &Path) -> LimitFields {
+        self.cgroups
+            .get(cgroup)
+            .and_then(|f| f.nearest.as_ref())
+            .map(|l| LimitFields::of(l, cgroup))
+            .unwrap_or_default()
     }
 
     /// Each worker's soonest ETA, over the cgroups whose kill is imminent.

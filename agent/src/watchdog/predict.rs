@@ -260,6 +260,45 @@ fn quantile(values: &mut [f64], q: f64) -> f64 {
     *values.select_nth_unstable_by(at, f64::total_cmp).1
 }
 
+/// The limit with the least headroom (bytes left before it): the one a
+/// reader of `/v1/status` and `memwatch top` wants to see beside the
+/// memory, whether or not a kill is predicted.
+pub(crate) fn nearest(limits: &[Limit]) -> Option<&Limit> {
+    limits
+        .iter()
+        .min_by_key(|l| (l.bytes.saturating_sub(l.used), l.bytes))
+}
+
+/// The nearest limit as `/v1/status` shows a task or worker (flattened
+/// into its view: `limit_bytes`, `limit_owner`, `limit_cgroup`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LimitFields {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// `own` (the cgroup's own), `ancestor` or `host` (the host's memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_owner: Option<String>,
+    /// The cgroup whose limit it is (absent for the host's memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_cgroup: Option<String>,
+}
+
+impl LimitFields {
+    /// `limit` of `cgroup` (the cgroup it was read for).
+    pub(crate) fn of(limit: &Limit, cgroup: &std::path::Path) -> Self {
+        let (owner, whose) = match &limit.owner {
+            LimitOwner::Own => ("own", Some(cgroup)),
+            LimitOwner::Ancestor(path) => ("ancestor", Some(path.as_path())),
+            LimitOwner::Host => ("host", None),
+        };
+        Self {
+            limit_bytes: Some(limit.bytes),
+            limit_owner: Some(owner.into()),
+            limit_cgroup: whose.map(|p| p.display().to_string()),
+        }
+    }
+}
+
 /// Within half of a limit: the cgroup is worth sampling fast.
 pub(crate) fn near_a_limit(limits: &[Limit]) -> bool {
     limits.iter().any(|l| l.used.saturating_mul(2) >= l.bytes)

@@ -51,6 +51,9 @@ pub(crate) struct TaskView {
     /// predicted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_seconds: Option<f64>,
+    /// The limit nearest to its cgroup (least headroom), whose it is.
+    #[serde(flatten)]
+    pub limit: crate::watchdog::predict::LimitFields,
 }
 
 /// A soft-cap crossing found by [`TaskState::observe`].
@@ -159,6 +162,7 @@ impl TaskState {
             owner: self.owner.clone(),
             kernel_usage_bytes: None,
             eta_seconds: None,
+            limit: Default::default(),
         }
     }
 }

@@ -128,6 +128,9 @@ pub(crate) struct WorkerView {
     /// line (growth step or cap crossing), when the kernel follows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_usage_bytes: Option<u64>,
+    /// The limit nearest to its cgroup (least headroom), whose it is.
+    #[serde(flatten)]
+    pub limit: crate::watchdog::predict::LimitFields,
 }
 
 impl WorkerState {
@@ -454,6 +457,7 @@ impl WorkerState {
             soft_cap_bytes: self.spec.soft_cap,
             running_tasks,
             kernel_usage_bytes: None,
+            limit: Default::default(),
         }
     }
 }

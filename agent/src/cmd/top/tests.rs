@@ -2,7 +2,7 @@ use super::*;
 use crate::{
     model::source::SourceKind,
     outbox::OutboxStatus,
-    watchdog::{task::TaskView, worker::WorkerView},
+    watchdog::{predict::LimitFields, task::TaskView, worker::WorkerView},
 };
 
 fn worker(name: &str, status: Health, memory: u64, cap: u64) -> WorkerView {
@@ -16,6 +16,7 @@ fn worker(name: &str, status: Health, memory: u64, cap: u64) -> WorkerView {
         soft_cap_bytes: Some(cap),
         running_tasks: 0,
         kernel_usage_bytes: None,
+        limit: Default::default(),
     }
 }
 
@@ -33,6 +34,7 @@ fn task(id: &str, worker: &str, memory: u64, growing: bool) -> TaskView {
         owner: "root".into(),
         kernel_usage_bytes: None,
         eta_seconds: None,
+        limit: Default::default(),
     }
 }
 
@@ -126,6 +128,64 @@ fn a_predicted_kill_comes_first_soonest_first_with_its_eta() {
         line.starts_with("imminent") && line.ends_with("   4s"),
         "{line:?}"
     );
+}
+
+#[test]
+fn each_row_shows_its_nearest_limit_and_whose_it_is() {
+    let mut top = growing();
+    let mut own = task("own", "w1", 400 << 20, true);
+    own.limit = LimitFields {
+        limit_bytes: Some(512 << 20),
+        limit_owner: Some("own".into()),
+        limit_cgroup: Some("/sys/fs/cgroup/own".into()),
+    };
+    let mut parents = task("parents", "w1", 100 << 20, false);
+    parents.limit = LimitFields {
+        limit_bytes: Some(3 << 29),
+        limit_owner: Some("ancestor".into()),
+        limit_cgroup: Some("/sys/fs/cgroup/job".into()),
+    };
+    let mut w1 = worker("w1", Health::Healthy, 500 << 20, 1 << 30);
+    w1.limit = LimitFields {
+        limit_bytes: Some(31 << 30),
+        limit_owner: Some("host".into()),
+        limit_cgroup: None,
+    };
+    top.update(
+        10.0,
+        health(Health::Healthy, &[]),
+        status(
+            vec![w1],
+            vec![own, parents, task("bare", "w1", 1 << 20, false)],
+        ),
+        &[],
+    );
+    let lines = top.lines(80, 24);
+    let header = lines.iter().find(|l| l.starts_with("STATE")).unwrap();
+    let column = header.find("LIMIT").unwrap();
+    let cell = |name: &str| {
+        let line = lines
+            .iter()
+            .find(|l| l.get(10..25).is_some_and(|n| n.trim() == name))
+            .unwrap();
+        line[column..column + 10].to_string()
+    };
+    assert_eq!(cell("own"), " 512M own ", "{lines:#?}");
+    assert_eq!(cell("parents"), " 1.5G anc ", "{lines:#?}");
+    assert_eq!(cell("w1"), "  31G host", "{lines:#?}");
+    assert_eq!(cell("bare"), "    -     ", "{lines:#?}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 80), "{lines:#?}");
+}
+
+#[test]
+fn sizes_fit_five_characters() {
+    assert_eq!(short(0), "0B");
+    assert_eq!(short(1023), "1023B");
+    assert_eq!(short(1536), "1.5K");
+    assert_eq!(short(512 << 20), "512M");
+    assert_eq!(short((10 << 30) - 1), "10G");
+    assert_eq!(signed_bytes(-300.0 * 1024.0), "-300K");
+    assert_eq!(signed_bytes(0.2), "0B");
 }
 
 #[test]

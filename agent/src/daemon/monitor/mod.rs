@@ -160,6 +160,12 @@ impl Monitor {
         self.kernel.sample_now()
     }
 
+    /// Kernel records were lost to a full ring buffer: the next round
+    /// reads every task the kernel was thought to watch, at once.
+    pub(crate) fn kernel_records_lost(&self) {
+        self.kernel.records_lost();
+    }
+
     /// A line crossed in the kernel: counted; a cap crossing (up or down)
     /// wakes the sampling loop, so the checks run within milliseconds
     /// instead of at the next `sample_interval`.
@@ -458,9 +464,13 @@ impl Monitor {
     }
 
     pub(crate) fn workers(&self) -> Vec<WorkerView> {
-        let mut workers = self.lock().workers();
+        let watchdog = self.lock();
+        let mut workers = watchdog.workers();
         for w in &mut workers {
             w.kernel_usage_bytes = self.kernel.usage_of(&format!("worker:{}", w.name));
+            if let Some(cgroup) = &w.cgroup {
+                w.limit = watchdog.nearest_limit(std::path::Path::new(cgroup));
+            }
         }
         workers
     }
@@ -471,11 +481,10 @@ impl Monitor {
         let mut tasks = watchdog.tasks(now);
         for t in &mut tasks {
             t.kernel_usage_bytes = self.kernel.usage_of(&t.task_id);
-            t.eta_seconds = t
-                .source
-                .as_ref()
-                .and_then(|s| s.cgroup())
-                .and_then(|c| watchdog.eta(c, now));
+            if let Some(cgroup) = t.source.as_ref().and_then(|s| s.cgroup()) {
+                t.eta_seconds = watchdog.eta(cgroup, now);
+                t.limit = watchdog.nearest_limit(cgroup);
+            }
         }
         tasks
     }

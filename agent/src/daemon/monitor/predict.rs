@@ -230,6 +230,11 @@ mod tests {
         let first = &said[0].body;
         assert_eq!(first.task_id.as_deref(), Some("job"));
         assert!(first.eta_seconds.unwrap() >= 3.0, "{first:?}");
+        // /v1/status names the limit: the task's own.
+        let shown = &m.tasks()[0].limit;
+        assert_eq!(shown.limit_bytes, Some(LIMIT));
+        assert_eq!(shown.limit_owner.as_deref(), Some("own"));
+        assert_eq!(shown.limit_cgroup, Some(job.display().to_string()));
         let (t, eta) = eta_in_status.expect("/v1/status shows the ETA");
         assert!(
             (eta - (24.0 - t)).abs() <= 0.25 * (24.0 - t),

@@ -3,7 +3,8 @@
 use tokio::time::advance;
 
 use super::*;
-use crate::watchdog::predict::WINDOW;
+use crate::model::spec::PredictSettings;
+use crate::watchdog::predict::{LimitFields, WINDOW};
 use crate::{
     model::spec::{MemorySource, PredictRule, Settings, WorkerSpec},
     watchdog::policy::{Sample, Watchdog},
@@ -202,4 +203,82 @@ async fn followed_cgroups_are_bounded_and_forgotten() {
     advance(FORGET_AFTER).await;
     p.observe(&[read(0)], Instant::now());
     assert_eq!(p.cgroups.len(), 1, "unread for FORGET_AFTER: forgotten");
+}
+
+#[test]
+fn the_limit_shown_is_the_one_with_least_headroom_even_with_prediction_off() {
+    let mut rules = PredictSettings::default();
+    rules.workers.insert(
+        "w".into(),
+        PredictRule {
+            enabled: false,
+            ..PredictRule::default()
+        },
+    );
+    let mut p = Predictions::new(rules);
+    let own: PathBuf = "/sys/fs/cgroup/job/step".into();
+    let parent: PathBuf = "/sys/fs/cgroup/job".into();
+    let reading = |parent_used: u64| Reading {
+        cgroup: own.clone(),
+        worker: "w".into(),
+        task_id: Some("t".into()),
+        unreclaimable: 100 * MIB,
+        limits: vec![
+            // 412 MiB left in its own limit...
+            Limit {
+                owner: LimitOwner::Own,
+                bytes: 512 * MIB,
+                used: 100 * MIB,
+            },
+            // ...and in its parent's, 1 GiB − parent_used.
+            Limit {
+                owner: LimitOwner::Ancestor(parent.clone()),
+                bytes: 1024 * MIB,
+                used: parent_used,
+            },
+            Limit {
+                owner: LimitOwner::Host,
+                bytes: 16 * 1024 * MIB,
+                used: 2 * 1024 * MIB,
+            },
+        ],
+        high: None,
+    };
+    assert!(p.observe(&[reading(800 * MIB)], Instant::now()).is_empty());
+    assert_eq!(
+        p.nearest_limit(&own),
+        LimitFields {
+            limit_bytes: Some(1024 * MIB),
+            limit_owner: Some("ancestor".into()),
+            limit_cgroup: Some("/sys/fs/cgroup/job".into()),
+        },
+        "224 MiB left in the parent's, 412 in its own"
+    );
+    p.observe(&[reading(200 * MIB)], Instant::now());
+    assert_eq!(
+        p.nearest_limit(&own),
+        LimitFields {
+            limit_bytes: Some(512 * MIB),
+            limit_owner: Some("own".into()),
+            limit_cgroup: Some("/sys/fs/cgroup/job/step".into()),
+        }
+    );
+    assert_eq!(
+        p.nearest_limit(std::path::Path::new("/not/followed")),
+        LimitFields::default()
+    );
+    let host_only = Reading {
+        limits: vec![Limit {
+            owner: LimitOwner::Host,
+            bytes: 16 * 1024 * MIB,
+            used: 2 * 1024 * MIB,
+        }],
+        ..reading(0)
+    };
+    p.observe(&[host_only], Instant::now());
+    let shown = serde_json::to_value(p.nearest_limit(&own)).unwrap();
+    assert_eq!(
+        shown,
+        serde_json::json!({"limit_bytes": 16u64 << 30, "limit_owner": "host"})
+    );
 }

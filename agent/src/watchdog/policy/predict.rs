@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use tokio::time::Instant;
 
 use super::Watchdog;
-use crate::watchdog::imminent::KillReport;
+use crate::watchdog::{imminent::KillReport, predict::LimitFields};
 
 impl Watchdog {
     /// Every cgroup the predictor follows: (cgroup, worker, task).
@@ -25,6 +25,11 @@ impl Watchdog {
     /// The ETA said for `cgroup`, while its kill is imminent.
     pub(crate) fn eta(&self, cgroup: &Path, now: Instant) -> Option<f64> {
         self.predictions.eta(cgroup, now)
+    }
+
+    /// The limit nearest to `cgroup` (least headroom) at its last reading.
+    pub(crate) fn nearest_limit(&self, cgroup: &Path) -> LimitFields {
+        self.predictions.nearest_limit(cgroup)
     }
 
     /// Each worker's soonest predicted kill: seconds left, over its own
