@@ -87,9 +87,14 @@ impl AgentClient {
     fn http(base: &str) -> anyhow::Result<Transport> {
         Ok(Transport::Http {
             base: base.trim_end_matches('/').to_string(),
+            // The token goes to the configured address and nowhere else:
+            // no redirect is followed (a 3xx is an answer, and an error)
+            // and no proxy from the environment is used.
             http: reqwest::Client::builder()
                 .timeout(REQUEST_TIMEOUT)
                 .connect_timeout(Duration::from_secs(2))
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
                 .build()?,
         })
     }
@@ -304,6 +309,54 @@ mod tests {
         );
         let client = AgentClient::new(&args(None, Some(Path::new("/s")))).unwrap();
         assert!(matches!(&client.transport, Transport::Unix { path } if path == Path::new("/s")));
+    }
+
+    /// Whatever answers on the agent's address may redirect: the client
+    /// does not follow, so the token never reaches the other address, and
+    /// the call fails saying what answered.
+    #[tokio::test]
+    async fn the_token_is_sent_only_to_the_configured_address() {
+        use std::sync::{Arc, Mutex};
+
+        use axum::{Router, http::HeaderMap, response::Redirect, routing::any};
+
+        let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+        let elsewhere = {
+            let seen = seen.clone();
+            Router::new().fallback(any(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let auth = headers
+                        .get("authorization")
+                        .map(|v| v.to_str().unwrap().to_string());
+                    seen.lock().unwrap().push(auth);
+                    "{}"
+                }
+            }))
+        };
+        let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let other_url = format!("http://{}", other.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(other, elsewhere).await });
+        let impostor = {
+            let to = format!("{other_url}/v1/status");
+            Router::new().fallback(any(move || {
+                let to = to.clone();
+                async move { Redirect::temporary(&to) }
+            }))
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, impostor).await });
+
+        let mut client = AgentClient::new(&args(Some(&base), None)).unwrap();
+        client.token = Some("s3cret".into());
+        let error = client.status().await.unwrap_err().to_string();
+        assert!(error.contains("307"), "{error}");
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "the redirect was followed: {:?}",
+            seen.lock().unwrap()
+        );
     }
 
     /// The typed client over a real socket and the real accept loop: no
