@@ -20,7 +20,7 @@ use axum::{
 };
 use subtle::ConstantTimeEq as _;
 
-use crate::model::spec::ANONYMOUS;
+use crate::model::{process::SeenProcess, spec::ANONYMOUS};
 
 /// What a caller may do; each scope includes those below it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,10 +85,11 @@ impl Tokens {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Peer {
     Tcp(SocketAddr),
-    /// The local socket, with the peer's credentials (SO_PEERCRED).
+    /// The local socket, with the peer's credentials (SO_PEERCRED); its
+    /// pid with the instant the connection was accepted.
     Unix {
         uid: u32,
-        pid: Option<i32>,
+        pid: Option<SeenProcess>,
     },
 }
 

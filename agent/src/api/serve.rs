@@ -159,7 +159,7 @@ impl Listener for UnixListener {
             stream,
             Peer::Unix {
                 uid: cred.uid(),
-                pid: cred.pid(),
+                pid: cred.pid().map(crate::model::process::SeenProcess::now),
             },
         ))
     }

@@ -6,6 +6,7 @@ pub(crate) mod event;
 pub(crate) mod health;
 pub(crate) mod pod;
 pub(crate) mod pressure;
+pub(crate) mod process;
 pub(crate) mod signal;
 pub(crate) mod source;
 pub(crate) mod spec;

@@ -4,6 +4,7 @@ use agent_common::{CgroupRecord, GrowthRecord, OomVictimEvent, RecordKind};
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::{CgroupChange, GrowthLine, Line, OomVictim, ProbeEvent};
+use crate::model::process::boot_time_ns;
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -84,17 +85,6 @@ pub(crate) fn cgroup(bytes: &[u8]) -> Result<CgroupChange, DecodeError> {
         level: raw.level,
         removed: raw.kind == RecordKind::CgroupRmdir as u32,
     })
-}
-
-fn boot_time_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec; CLOCK_BOOTTIME exists on every
-    // kernel that can run the probe.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
 /// A pair of clock readings taken together, to turn the kernel's boot-time

@@ -49,7 +49,7 @@ async fn call(
         Who::Uid(uid) => {
             req = req.extension(Peer::Unix {
                 uid,
-                pid: Some(4242),
+                pid: Some(crate::model::process::SeenProcess::now(4242)),
             })
         }
         Who::Nobody => req = req.extension(tcp()),

@@ -10,7 +10,9 @@
 //! task's OOM kill only when the answer named that job. A registration
 //! without a pid (HTTP) or one Slurm does not place in a job leaves the
 //! task without proof (and overwrites any proof an earlier task of the
-//! same id had). Proofs live in memory: a task taken back after a restart
+//! same id had). The pid is bound to when the connection was accepted: a
+//! process at that pid that started later (the caller gone, its pid
+//! reused) proves nothing, checked before and after Slurm is asked. Proofs live in memory: a task taken back after a restart
 //! has none, so its kill requeues nothing (the conservative side).
 
 use std::{
@@ -23,6 +25,7 @@ use std::{
 use tracing::{debug, info};
 
 use super::{RequeuePolicy, SlurmConfig, scontrol};
+use crate::model::process::SeenProcess;
 
 /// Proofs kept at most (the oldest go first).
 const MAX_PROOFS: usize = 4096;
@@ -38,6 +41,8 @@ pub(crate) struct JobProofs {
     default_node: String,
     timeout: Duration,
     proven: Arc<Mutex<Proven>>,
+    /// Where `<pid>/stat` is read (`/proc`; a directory of fakes in tests).
+    proc_root: PathBuf,
 }
 
 #[derive(Default)]
@@ -63,17 +68,31 @@ impl JobProofs {
             default_node: node_name.to_string(),
             timeout: config.delivery.timeout,
             proven: Arc::default(),
+            proc_root: "/proc".into(),
         })
+    }
+
+    /// Reads processes' `stat` under `root` instead of `/proc`.
+    #[cfg(test)]
+    pub(crate) fn with_proc_root(mut self, root: PathBuf) -> Self {
+        self.proc_root = root;
+        self
     }
 
     /// Asks Slurm (bounded by the sink's timeout) which job process `pid`
     /// of `worker`'s node belongs to, and keeps the answer as `task_id`'s
     /// proof; without `pid`, forgets any proof `task_id` had.
-    pub(crate) async fn check(&self, task_id: &str, worker: Option<&str>, pid: Option<i32>) {
-        let job = match pid {
-            Some(pid) => self.job_of(pid, worker).await,
+    pub(crate) async fn check(
+        &self,
+        task_id: &str,
+        worker: Option<&str>,
+        peer: Option<SeenProcess>,
+    ) {
+        let job = match peer {
+            Some(peer) => self.job_of(peer, worker).await,
             None => None,
         };
+        let pid = peer.map(|p| p.pid);
         let mut proven = self.proven.lock().unwrap_or_else(|e| e.into_inner());
         match job {
             Some(job) => {
@@ -104,7 +123,26 @@ impl JobProofs {
         proven.by_task.get(task_id).copied()
     }
 
-    async fn job_of(&self, pid: i32, worker: Option<&str>) -> Option<u64> {
+    /// Whether the process at `peer`'s pid is still the one seen.
+    async fn still_there(&self, peer: SeenProcess) -> bool {
+        let stat = self.proc_root.join(peer.pid.to_string()).join("stat");
+        let same = tokio::fs::read_to_string(&stat)
+            .await
+            .is_ok_and(|line| peer.same_as(&line));
+        if !same {
+            info!(
+                pid = peer.pid,
+                "the registering process is gone (its pid may be another process's now): no job proof"
+            );
+        }
+        same
+    }
+
+    async fn job_of(&self, peer: SeenProcess, worker: Option<&str>) -> Option<u64> {
+        if !self.still_there(peer).await {
+            return None;
+        }
+        let pid = peer.pid;
         // The slurmd of the node memwatch acts on for this worker (its
         // `nodes` entry, else the agent's node name) answers, not whichever
         // slurmd scontrol would find first where one host runs several.
@@ -113,14 +151,17 @@ impl JobProofs {
             .unwrap_or(&self.default_node);
         let args = ["pidinfo".to_string(), pid.to_string()];
         let env = [("SLURMD_NODENAME", node.as_str())];
-        match scontrol::run_with_env(&self.scontrol, &args, &env, self.timeout).await {
-            Ok(out) => job_in(&out),
+        let job = match scontrol::run_with_env(&self.scontrol, &args, &env, self.timeout).await {
+            Ok(out) => job_in(&out)?,
             Err(error) => {
                 // Not a process of any job (or no slurmd here): no proof.
                 debug!(pid, %node, %error, "scontrol pidinfo: no job");
-                None
+                return None;
             }
-        }
+        };
+        // Slurm answered of whichever process had the pid when it was
+        // asked: the caller's only if that one is still there.
+        self.still_there(peer).await.then_some(job)
     }
 }
 
@@ -128,6 +169,19 @@ impl JobProofs {
 fn job_in(out: &str) -> Option<u64> {
     out.split_whitespace()
         .find_map(|word| word.strip_prefix("JobId=")?.parse().ok())
+}
+
+/// A `/proc` stand-in under `dir` holding `pid`'s `stat`, a process that
+/// started one clock tick after boot (so before any instant a test takes).
+#[cfg(test)]
+pub(crate) fn fake_proc(dir: &std::path::Path, pid: i32) -> PathBuf {
+    let root = dir.join("proc");
+    std::fs::create_dir_all(root.join(pid.to_string())).unwrap();
+    // Fields 3..21 of a real line, then the start time (field 22) = 1.
+    let stat =
+        format!("{pid} (memwatch exec) S 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n");
+    std::fs::write(root.join(pid.to_string()).join("stat"), stat).unwrap();
+    root
 }
 
 #[cfg(test)]
@@ -166,12 +220,14 @@ mod tests {
             default_node: "n1".into(),
             timeout: Duration::from_secs(10),
             proven: Arc::default(),
+            proc_root: fake_proc(dir.path(), 4242),
         };
-        proofs.check("slurm-7-0", Some("w2"), Some(4242)).await;
+        let caller = Some(SeenProcess::now(4242));
+        proofs.check("slurm-7-0", Some("w2"), caller).await;
         assert_eq!(proofs.job_of_task("slurm-7-0"), Some(7));
         // The same pid asked of another node's slurmd (an unmapped
         // worker's node is the agent's, n1): no proof.
-        proofs.check("slurm-7-1", Some("w1"), Some(4242)).await;
+        proofs.check("slurm-7-1", Some("w1"), caller).await;
         assert_eq!(proofs.job_of_task("slurm-7-1"), None);
         let asked = std::fs::read_to_string(dir.path().join("asked")).unwrap();
         assert_eq!(
@@ -181,5 +237,34 @@ mod tests {
         // Re-registered under the same id without a pid (HTTP): erased.
         proofs.check("slurm-7-0", Some("w2"), None).await;
         assert_eq!(proofs.job_of_task("slurm-7-0"), None);
+
+        // The caller seen before the process now at 4242 started: its pid
+        // was reused, and Slurm's answer is of another process.
+        proofs.check("slurm-7-0", Some("w2"), caller).await;
+        assert_eq!(proofs.job_of_task("slurm-7-0"), Some(7));
+        let before = SeenProcess {
+            pid: 4242,
+            seen_boot_ns: 0,
+        };
+        proofs.check("slurm-7-0", Some("w2"), Some(before)).await;
+        assert_eq!(
+            proofs.job_of_task("slurm-7-0"),
+            None,
+            "a reused pid proves nothing"
+        );
+        // Gone altogether: no proof, and Slurm is not asked.
+        let asked = std::fs::read_to_string(dir.path().join("asked"))
+            .unwrap()
+            .lines()
+            .count();
+        proofs
+            .check("slurm-7-2", Some("w2"), Some(SeenProcess::now(4343)))
+            .await;
+        assert_eq!(proofs.job_of_task("slurm-7-2"), None);
+        let now_asked = std::fs::read_to_string(dir.path().join("asked"))
+            .unwrap()
+            .lines()
+            .count();
+        assert_eq!(now_asked, asked, "no pidinfo for a pid with no process");
     }
 }

@@ -10,7 +10,7 @@ use super::{
     *,
 };
 use crate::{
-    model::{event::EventBody, health::Health},
+    model::{event::EventBody, health::Health, process::SeenProcess},
     outbox::Outbox,
     sinks::{ActionGate, guard::Guard},
     telemetry::Metrics,
@@ -134,7 +134,9 @@ impl Fixture {
     /// Job proofs asked of the fake `scontrol`, which places pid
     /// [`PID_IN_JOB_42`] in job 42 (its `pidinfo` calls are not logged).
     fn proofs(&self) -> JobProofs {
-        JobProofs::for_sinks([&self.config(Guard::default())], "host-node").unwrap()
+        JobProofs::for_sinks([&self.config(Guard::default())], "host-node")
+            .unwrap()
+            .with_proc_root(super::jobs::fake_proc(self.dir.path(), PID_IN_JOB_42))
     }
 
     fn config(&self, guard: Guard) -> SlurmConfig {
@@ -248,7 +250,7 @@ async fn an_oom_killed_job_is_requeued_elsewhere_at_once_up_to_the_limit() {
         .check(
             "slurm-42-977-1700000000000",
             Some("w1"),
-            Some(PID_IN_JOB_42),
+            Some(SeenProcess::now(PID_IN_JOB_42)),
         )
         .await;
     sink.proofs = Some(proofs);
@@ -293,7 +295,11 @@ async fn job_ids_come_from_cgroups_or_slurms_word_and_a_task_id_is_only_a_name()
     );
     let proofs = fx.proofs();
     proofs
-        .check("slurm-9-1-2", Some("w1"), Some(PID_IN_JOB_42))
+        .check(
+            "slurm-9-1-2",
+            Some("w1"),
+            Some(SeenProcess::now(PID_IN_JOB_42)),
+        )
         .await;
     assert_eq!(
         job_id(&e, Some(&proofs), &roots),

@@ -42,7 +42,13 @@ async fn imminent_sink(fx: &Fixture, guard: Guard, drain: bool) -> (SlurmSink, E
     let now = Arc::clone(&eta);
     sink.eta = Arc::new(move |_| *now.lock().unwrap());
     let proofs = fx.proofs();
-    proofs.check(TASK, Some("w1"), Some(PID_IN_JOB_42)).await;
+    proofs
+        .check(
+            TASK,
+            Some("w1"),
+            Some(crate::model::process::SeenProcess::now(PID_IN_JOB_42)),
+        )
+        .await;
     sink.proofs = Some(proofs);
     (sink, eta)
 }
