@@ -74,8 +74,12 @@ pub(crate) struct Report {
     pub problems: Vec<String>,
 }
 
+mod architecture;
+
 pub(crate) fn run() -> anyhow::Result<()> {
-    let report = check(&shell::workspace_root(), &RULES)?;
+    let root = shell::workspace_root();
+    let mut report = check(&root, &RULES)?;
+    report.problems.extend(architecture::check(&root, LAYERS)?);
     if report.problems.is_empty() {
         println!(
             "layers: {} files, {} imports checked, no violations",
