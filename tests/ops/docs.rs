@@ -799,20 +799,95 @@ fn links_between_the_docs_resolve() {
         for (i, _) in text.match_indices("](") {
             let target = &text[i + 2..];
             let target = &target[..target.find(')').unwrap_or(target.len())];
-            let file = target.split('#').next().unwrap_or_default();
-            if file.is_empty() || file.contains("://") || file.starts_with("mailto:") {
+            let (file, anchor) = match target.split_once('#') {
+                Some((file, anchor)) => (file, Some(anchor)),
+                None => (target, None),
+            };
+            if file.contains("://") || file.starts_with("mailto:") {
                 continue;
             }
             let base = doc.parent().unwrap_or(Path::new(""));
-            if !repo().join(base).join(file).exists() {
+            let linked = if file.is_empty() {
+                repo().join(doc)
+            } else {
+                repo().join(base).join(file)
+            };
+            if !linked.exists() {
                 broken.push(format!("{}: {target}", doc.display()));
+                continue;
+            }
+            // An anchor into a Markdown file names one of its headings.
+            if let Some(anchor) = anchor
+                && linked.extension().is_some_and(|e| e == "md")
+            {
+                let text = std::fs::read_to_string(&linked).expect("a linked doc");
+                if !heading_anchors(&text).contains(anchor) {
+                    broken.push(format!("{}: {target} (no such heading)", doc.display()));
+                }
             }
         }
     }
     assert!(
         broken.is_empty(),
-        "links to files that do not exist: {broken:?}"
+        "links to files or headings that do not exist: {broken:?}"
     );
+}
+
+/// The anchors GitHub makes of a Markdown file's headings: lower case,
+/// punctuation but `-` and `_` dropped, spaces as `-`; a repeated one gets
+/// `-1`, `-2`, ….
+fn heading_anchors(text: &str) -> BTreeSet<String> {
+    let mut anchors = BTreeSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let Some(title) = line.strip_prefix('#') else {
+            continue;
+        };
+        if fenced {
+            continue;
+        }
+        let title = title.trim_start_matches('#');
+        if !title.starts_with(' ') {
+            continue;
+        }
+        let slug: String = title
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let mut anchor = slug.clone();
+        let mut n = 0;
+        while !anchors.insert(anchor.clone()) {
+            n += 1;
+            anchor = format!("{slug}-{n}");
+        }
+    }
+    anchors
+}
+
+#[test]
+fn heading_anchors_are_githubs() {
+    let anchors = heading_anchors(
+        "# memwatch with Slurm\n## `[kubernetes]`\n### RBAC and the admission policy\n\
+         ```sh\n# not a heading\n```\n## Set up\n## Set up\n#hashtag\n",
+    );
+    let expected: BTreeSet<String> = [
+        "memwatch-with-slurm",
+        "kubernetes",
+        "rbac-and-the-admission-policy",
+        "set-up",
+        "set-up-1",
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    assert_eq!(anchors, expected);
 }
 
 /// What a clone of memwatch alone does not have: written in two pieces so
