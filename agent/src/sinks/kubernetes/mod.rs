@@ -64,7 +64,7 @@ pub(crate) const NAME: &str = "kubernetes";
 
 /// Every call the sink and its pod watch make, as RBAC names them:
 /// (API group, resource, verb). The manifests and the chart grant exactly
-/// these (tests/ops/manifests.rs); the fake API server's tests check that
+/// these (tests/ops/manifests/rbac.rs); the fake API server's tests check that
 /// the code makes no other call (tests.rs).
 pub const API_USES: &[(&str, &str, &str)] = &[
     ("", "nodes", "get"),
