@@ -66,9 +66,11 @@ impl AgentClient {
     pub(crate) fn new(args: &AgentArgs) -> anyhow::Result<Self> {
         let token = match &args.token_file {
             None => std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+            // The agent's rule for its own token files: private to root or
+            // the caller, else refused by name.
             Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read --token-file {}", path.display()))?
+                crate::model::secret_file::read_private(path)
+                    .map_err(|problem| anyhow::anyhow!("--token-file {problem}"))?
                     .trim()
                     .to_string(),
             ),
@@ -309,6 +311,28 @@ mod tests {
         );
         let client = AgentClient::new(&args(None, Some(Path::new("/s")))).unwrap();
         assert!(matches!(&client.transport, Transport::Unix { path } if path == Path::new("/s")));
+    }
+
+    /// `--token-file` follows the agent's rule: a file group or others can
+    /// read is refused by name, a private one is read.
+    #[test]
+    fn a_token_file_open_to_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut given = args(Some("http://127.0.0.1:9750"), None);
+        given.token_file = Some(path.clone());
+        let error = AgentClient::new(&given).err().expect("refused").to_string();
+        assert!(
+            error.starts_with("--token-file ") && error.contains("mode 0644"),
+            "{error}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let client = AgentClient::new(&given).unwrap();
+        assert_eq!(client.token.as_deref(), Some("s3cret"));
     }
 
     /// Whatever answers on the agent's address may redirect: the client

@@ -7,6 +7,7 @@ pub(crate) mod health;
 pub(crate) mod pod;
 pub(crate) mod pressure;
 pub(crate) mod process;
+pub(crate) mod secret_file;
 pub(crate) mod signal;
 pub(crate) mod source;
 pub(crate) mod spec;

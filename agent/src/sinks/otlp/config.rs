@@ -1,9 +1,7 @@
 //! `[[otlp]]`: every event as an OpenTelemetry log record, to an OTLP
 //! receiver (a Collector) over gRPC or HTTP (protobuf).
 
-use std::{
-    collections::BTreeMap, fs::File, io::Read as _, os::unix::fs::MetadataExt as _, path::Path,
-};
+use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
@@ -126,16 +124,7 @@ fn endpoint(
 /// token files are, when group or others may read it or another user owns
 /// it: it holds secrets (API keys, bearer tokens).
 pub(crate) fn headers_file(path: &Path) -> Result<Vec<(String, Secret)>, String> {
-    let unreadable = |e: std::io::Error| format!("cannot be read ({}): {e}", path.display());
-    let mut file = File::open(path).map_err(unreadable)?;
-    let meta = file.metadata().map_err(unreadable)?;
-    // SAFETY: geteuid(2) cannot fail and touches no memory.
-    let me = unsafe { libc::geteuid() };
-    if let Some(problem) = exposed(meta.mode(), meta.uid(), me) {
-        return Err(format!("{}: {problem}", path.display()));
-    }
-    let mut text = String::new();
-    file.read_to_string(&mut text).map_err(unreadable)?;
+    let text = crate::model::secret_file::read_private(path)?;
     parse_headers(&text).map_err(|problem| format!("{}: {problem}", path.display()))
 }
 
@@ -170,25 +159,6 @@ fn parse_headers(text: &str) -> Result<Vec<(String, Secret)>, String> {
         headers.push((name, Secret(value.to_string())));
     }
     Ok(headers)
-}
-
-/// Why a secrets file of this `mode` and `owner` is refused to an agent
-/// running as uid `me` (the rule of the agent's token files).
-fn exposed(mode: u32, owner: u32, me: u32) -> Option<String> {
-    let permissions = mode & 0o7777;
-    if permissions & 0o077 != 0 {
-        return Some(format!(
-            "is mode {permissions:04o}, open to group or others: it must be readable by its \
-             owner only (chmod 600; a Kubernetes Secret volume: defaultMode 0400)"
-        ));
-    }
-    if owner != 0 && owner != me {
-        return Some(format!(
-            "is owned by uid {owner}, neither root nor the agent's uid {me}: that user could \
-             replace it (chown it to root or to the agent's user)"
-        ));
-    }
-    None
 }
 
 #[cfg(test)]
@@ -309,7 +279,5 @@ mod tests {
         assert!(parse_headers("x-key:").is_err());
         assert!(parse_headers("x-key: a\u{7}b").is_err());
         assert_eq!(parse_headers("").unwrap(), Vec::new());
-        assert!(exposed(0o100600, 0, 0).is_none());
-        assert!(exposed(0o100600, 1000, 999).unwrap().contains("uid 1000"));
     }
 }
