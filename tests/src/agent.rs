@@ -245,11 +245,32 @@ impl Agent {
         match self.poll_event(timeout, POLL, pred).await {
             Some((event, _)) => event,
             None => panic!(
-                "no {what} event within {timeout:?}; events: {:#?}\nlog:\n{}",
+                "no {what} event within {timeout:?}; events: {:#?}\nthe kernel side's \
+                 counters:\n{}\nlog:\n{}",
                 self.events(0).await,
+                self.probe_metrics().await,
                 self.log_text()
             ),
         }
+    }
+
+    /// The probe's lines of `/metrics` (lines crossed in the kernel, its
+    /// counters, records lost): what a missing kernel-driven event needs.
+    async fn probe_metrics(&self) -> String {
+        let (_, metrics) = self.get("/metrics").await;
+        metrics
+            .lines()
+            .filter(|l| {
+                [
+                    "memwatch_growth_lines",
+                    "memwatch_probe_",
+                    "memwatch_events_dropped",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     pub async fn events(&self, after: u64) -> Vec<Event> {
