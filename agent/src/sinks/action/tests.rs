@@ -55,6 +55,9 @@ impl Cluster {
 struct Log {
     /// (kind, reason) of every report.
     reports: Vec<(EventKind, String)>,
+    /// The reports, the acts that landed (`None`) and the episodes' starts
+    /// (the model's `WorkerRecovered` marks), in order.
+    timeline: Vec<Option<(EventKind, String)>>,
     /// Acts that landed, and whether the worker was unhealthy when the
     /// protocol decided to act.
     acts: Vec<bool>,
@@ -163,7 +166,9 @@ impl Scheduler for Fake {
             return Ok(Acted::Refused("the scheduler said no".into()));
         }
         self.cluster.borrow_mut().set(plan.scheduler_worker(), true);
-        self.log.borrow_mut().acts.push(decided_unhealthy);
+        let mut log = self.log.borrow_mut();
+        log.acts.push(decided_unhealthy);
+        log.timeline.push(None);
         Ok(Acted::Done)
     }
 
@@ -182,7 +187,9 @@ impl Scheduler for Fake {
     }
 
     fn report(&self, kind: EventKind, _w: &str, _s: Option<&str>, reason: String) {
-        self.log.borrow_mut().reports.push((kind, reason));
+        let mut log = self.log.borrow_mut();
+        log.timeline.push(Some((kind, reason.clone())));
+        log.reports.push((kind, reason));
     }
 
     fn count(&self, _action: &str) {}
@@ -474,8 +481,8 @@ async fn model(case: Case) -> Result<(), TestCaseError> {
                 // A new episode: what was said may be said again.
                 fake.log
                     .borrow_mut()
-                    .reports
-                    .push((EventKind::WorkerRecovered, "episode".into()));
+                    .timeline
+                    .push(Some((EventKind::WorkerRecovered, "episode".into())));
                 if !now && fake.cluster.borrow().taken[&fake.member] {
                     // The sink's resume on worker_recovered.
                     let plan = Plan {
@@ -542,13 +549,16 @@ async fn model(case: Case) -> Result<(), TestCaseError> {
         }
     }
     // 3. A refusal is said once: never twice in a row with no action of
-    // that agent in between (a new episode may say it again).
+    // that agent in between (a new episode, or a new take given back
+    // again, may say it again).
     for log in &logs {
-        let reports = &log.borrow().reports;
-        for pair in reports.windows(2) {
+        let timeline = &log.borrow().timeline;
+        for pair in timeline.windows(2) {
             let said =
                 |k: EventKind| matches!(k, EventKind::GuardBlocked | EventKind::ActionRefused);
-            let same = pair[0] == pair[1] && said(pair[0].0);
+            let same = pair[0].is_some()
+                && pair[0] == pair[1]
+                && pair[0].as_ref().is_some_and(|(k, _)| said(*k));
             prop_assert!(!same, "said twice: {:?}", pair[0]);
         }
     }
