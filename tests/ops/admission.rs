@@ -50,19 +50,7 @@ fn request(
 
 /// (name, allowed, message) of each case, for one policy file.
 fn admit(policy: &Path, cases: &[Value]) -> Vec<(String, bool, String)> {
-    ops::python_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cases.json");
-    fs::write(&path, serde_json::to_string(cases).unwrap()).unwrap();
-    let out = Command::new("python3")
-        .arg(repo().join("deploy/check/admission_policy.py"))
-        .arg(policy)
-        .arg(&path)
-        .output()
-        .expect("python3 admission_policy.py");
-    assert!(out.status.success(), "{out:?}");
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
-    results
+    ops::admission_policy(policy, cases)
         .iter()
         .map(|r| {
             assert_eq!(r["matched"], true, "{r}");

@@ -128,3 +128,22 @@ pub fn documented_capabilities() -> Vec<String> {
         .expect("AmbientCapabilities= in memwatch.service");
     line.split_whitespace().map(str::to_string).collect()
 }
+
+/// Each case's verdict under the admission policy in `policy`
+/// (`deploy/check/admission_policy.py`, cel-python): `{name, matched,
+/// allowed, message}` per case, in order.
+pub fn admission_policy(policy: &Path, cases: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    python_tools();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("cases.json");
+    std::fs::write(&path, serde_json::to_string(cases).expect("cases as JSON"))
+        .expect("write the cases");
+    let out = Command::new("python3")
+        .arg(repo().join("deploy/check/admission_policy.py"))
+        .arg(policy)
+        .arg(&path)
+        .output()
+        .expect("python3 admission_policy.py");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("admission_policy.py prints JSON")
+}

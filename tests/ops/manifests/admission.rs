@@ -189,19 +189,7 @@ fn update(
 
 /// What the policy says of each case: (name, matched, allowed, message).
 fn admit(policy_file: &Path, cases: &[Value]) -> Vec<(String, bool, bool, String)> {
-    ops::python_tools();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cases.json");
-    fs::write(&path, serde_json::to_string(cases).unwrap()).unwrap();
-    let out = Command::new("python3")
-        .arg(repo().join("deploy/check/admission_policy.py"))
-        .arg(policy_file)
-        .arg(&path)
-        .output()
-        .expect("python3 admission_policy.py");
-    assert!(out.status.success(), "{out:?}");
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
-    results
+    ops::admission_policy(policy_file, cases)
         .iter()
         .map(|r| {
             (
