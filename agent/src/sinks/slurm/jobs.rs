@@ -12,7 +12,8 @@
 //! task without proof (and overwrites any proof an earlier task of the
 //! same id had). The pid is bound to when the connection was accepted: a
 //! process at that pid that started later (the caller gone, its pid
-//! reused) proves nothing, checked before and after Slurm is asked. Proofs live in memory: a task taken back after a restart
+//! reused) proves nothing, checked before and after Slurm is asked.
+//! Proofs live in memory: a task taken back after a restart
 //! has none, so its kill requeues nothing (the conservative side).
 
 use std::{
