@@ -13,16 +13,18 @@ pub(crate) enum Bench {
     Storm,
     Guard,
     Tasks,
+    Predict,
 }
 
 impl Bench {
-    const ALL: [Bench; 6] = [
+    const ALL: [Bench; 7] = [
         Bench::Overhead,
         Bench::Delay,
         Bench::Idle,
         Bench::Storm,
         Bench::Guard,
         Bench::Tasks,
+        Bench::Predict,
     ];
     /// Those `bench all` runs: minutes each, not tens of minutes.
     pub(crate) const QUICK: [Bench; 2] = [Bench::Overhead, Bench::Delay];
@@ -35,12 +37,14 @@ impl Bench {
             Bench::Storm => "storm",
             Bench::Guard => "guard",
             Bench::Tasks => "tasks",
+            Bench::Predict => "predict",
         }
     }
 
     /// Whether it can run beside a baseline (`--baseline`).
+    /// (`predict` is measured against its rivals, on the same traces.)
     fn takes_baseline(self) -> bool {
-        self != Bench::Guard
+        !matches!(self, Bench::Guard | Bench::Predict)
     }
 }
 

@@ -17,6 +17,7 @@ mod delay;
 mod guard;
 mod idle;
 mod overhead;
+mod predict;
 mod segments;
 mod storm;
 mod tasks;
@@ -63,6 +64,7 @@ fn run_one(bench: Bench, baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figu
         Bench::Storm => storm::storm(baseline),
         Bench::Guard => guard::guard().map(|()| Vec::new()),
         Bench::Tasks => tasks::tasks(baseline),
+        Bench::Predict => predict::predict(),
     }
 }
 

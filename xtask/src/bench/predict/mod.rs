@@ -1,0 +1,627 @@
+//! `cargo xtask bench predict`: how early, and how right, memwatch's
+//! `oom_imminent` is, on deterministic workloads (`memshape`: anonymous
+//! memory, no swap, fixed seeds, every allocation logged) in cgroups with a
+//! real limit, each run by the kernel to its OOM kill or to its end, beside
+//! the rivals replayed on the same runs' traces ([`rivals`]).
+//!
+//! Cells: leaks at 2, 10 and 40 MiB/s; steps of 64 MiB every 10 s; a
+//! sawtooth with rising troughs: each ends in a kill, [`runs`] runs each.
+//! A steady sawtooth (50–90 %), 93 % anonymous memory under a page-cache
+//! stream twice the limit, and short spikes to 85–97 %: each survives, run
+//! side by side for [`survive_seconds`], one hour of workload in all by
+//! default. Lead time is the kill's kernel stamp (the `oom_kill` event's
+//! `time`) less the time of the first `oom_imminent` of the episode open
+//! at it; the ETA error is what a reader of the events believed 2, 5 and
+//! 10 s before the kill (the last ETA said, counted down). The agent runs
+//! with its defaults (`sample_interval` 1 s, horizon 60 s), the runs'
+//! cgroups found by a `[[rule]]`.
+//!
+//! A plot of the first run of each cell is written to
+//! `target/bench/predict/<cell>.svg`.
+
+mod plot;
+mod rivals;
+mod score;
+mod trace;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, bail};
+use memwatch_test_support::{
+    process::{cgroup_exec_line, wait_timeout},
+    webhook::Receiver,
+};
+use serde_json::Value;
+
+use self::{
+    rivals::RIVALS,
+    score::{LEFT, Score},
+    trace::{POLL, Sample, Trace, Warnings},
+};
+use super::{
+    compare::Figure,
+    idle::{clock_ticks, cpu_ticks},
+    release_bins, start_agent,
+};
+use crate::shell::workspace_root;
+
+const MIB: u64 = 1 << 20;
+const MEMORY: &str = "/sys/fs/cgroup/memory";
+const PARENT: &str = "memwatch-predict";
+/// Kills per cell (set [`RUNS_ENV`] for fewer, e.g. a quick look).
+const RUNS: usize = 10;
+const RUNS_ENV: &str = "MEMWATCH_BENCH_PREDICT_RUNS";
+/// Seconds each survivor runs; 3 cells × [`RUNS`] / 2 runs × 240 s = 1 h.
+const SURVIVE_S: f64 = 240.0;
+const SURVIVE_ENV: &str = "MEMWATCH_BENCH_PREDICT_SECONDS";
+
+fn runs() -> anyhow::Result<usize> {
+    env_number(RUNS_ENV, RUNS as f64).map(|n| n as usize)
+}
+
+fn survive_seconds() -> anyhow::Result<f64> {
+    env_number(SURVIVE_ENV, SURVIVE_S)
+}
+
+fn env_number(key: &str, default: f64) -> anyhow::Result<f64> {
+    match std::env::var(key) {
+        Err(_) => Ok(default),
+        Ok(text) => match text.parse::<f64>() {
+            Ok(n) if n >= 1.0 => Ok(n),
+            _ => bail!("{key}={text}: a number of at least 1 is needed"),
+        },
+    }
+}
+
+/// One scenario.
+#[derive(Clone, Copy)]
+struct Cell {
+    name: &'static str,
+    /// memshape's SHAPE.
+    shape: &'static str,
+    limit_mib: u64,
+    /// Whether it ends in a kill (else it must survive).
+    kills: bool,
+}
+
+const KILLING: [Cell; 5] = [
+    Cell {
+        name: "leak 2 MiB/s",
+        shape: "leak:2",
+        limit_mib: 128,
+        kills: true,
+    },
+    Cell {
+        name: "leak 10 MiB/s",
+        shape: "leak:10",
+        limit_mib: 384,
+        kills: true,
+    },
+    Cell {
+        name: "leak 40 MiB/s",
+        shape: "leak:40",
+        limit_mib: 1024,
+        kills: true,
+    },
+    Cell {
+        name: "steps of 64 MiB every 10 s",
+        shape: "steps",
+        limit_mib: 224,
+        kills: true,
+    },
+    Cell {
+        name: "sawtooth, troughs rising",
+        shape: "rising",
+        limit_mib: 256,
+        kills: true,
+    },
+];
+
+const SURVIVING: [Cell; 3] = [
+    Cell {
+        name: "sawtooth 50-90 %",
+        shape: "sawtooth",
+        limit_mib: 256,
+        kills: false,
+    },
+    Cell {
+        name: "93 % anon + page cache 2x the limit",
+        shape: "pagecache",
+        limit_mib: 256,
+        kills: false,
+    },
+    Cell {
+        name: "spikes to 85-97 %",
+        shape: "spikes",
+        limit_mib: 256,
+        kills: false,
+    },
+];
+
+/// A killing run is stopped after this long (none should need it).
+const KILL_BOUND_S: f64 = 150.0;
+
+/// One run: its cell, cgroup and what happened.
+struct Run {
+    cell: usize,
+    dir: PathBuf,
+    trace: Trace,
+    /// The agent's own `predicted_lead_seconds` on the kill, if any.
+    own_lead: Option<f64>,
+    /// What memwatch said of it.
+    said: Warnings,
+}
+
+pub(super) fn predict() -> anyhow::Result<Vec<Figure>> {
+    let release = release_bins("the predict benchmark loads the eBPF probe and makes cgroups")?;
+    let (runs, survive) = (runs()?, survive_seconds()?);
+    let parent = Path::new(MEMORY).join(PARENT);
+    remove_tree(&parent);
+    std::fs::create_dir_all(&parent).with_context(|| format!("mkdir {}", parent.display()))?;
+    let out_dir = workspace_root().join("target/bench/predict");
+    std::fs::create_dir_all(&out_dir)?;
+    let config = out_dir.join("memwatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[worker]]\nname = \"bench\"\ncgroup = \"{p}\"\nsoft_cap = \"1TiB\"\n\n\
+             [[rule]]\nworker = \"bench\"\ncgroup = \"{p}/run-*\"\nsoft_cap = \"1TiB\"\n",
+            p = parent.display()
+        ),
+    )?;
+    let receiver = Receiver::start();
+    let agent = start_agent(
+        &release.join("memwatch"),
+        &[
+            "--config",
+            &config.to_string_lossy(),
+            "--webhook",
+            &receiver.url(),
+        ],
+    )?;
+    let pid = agent.pid().context("the agent's pid")?;
+    let cells: Vec<Cell> = KILLING.iter().chain(&SURVIVING).copied().collect();
+    let mut batches: Vec<Vec<(usize, f64)>> = (0..KILLING.len())
+        .map(|c| vec![(c, KILL_BOUND_S); runs])
+        .collect();
+    let per_survivor = runs.div_ceil(2).max(1);
+    batches.push(
+        (KILLING.len()..cells.len())
+            .flat_map(|c| vec![(c, survive); per_survivor])
+            .collect(),
+    );
+    let mut done = Vec::new();
+    let mut cpu = BTreeMap::new();
+    for (b, batch) in batches.iter().enumerate() {
+        let names: Vec<&str> = batch.iter().map(|(c, _)| cells[*c].name).collect();
+        eprintln!("xtask: predict batch {b}: {} runs ({})", batch.len(), {
+            let mut n = names.clone();
+            n.dedup();
+            n.join(", ")
+        });
+        let (before, wall) = (cpu_ticks(pid)?, std::time::Instant::now());
+        let mut ran = run_batch(&release, &parent, &cells, batch, b)?;
+        thread::sleep(Duration::from_secs(2));
+        let share =
+            (cpu_ticks(pid)? - before) as f64 / clock_ticks() / wall.elapsed().as_secs_f64()
+                * 100.0;
+        for c in batch.iter().map(|(c, _)| *c) {
+            cpu.insert(c, share);
+        }
+        attach_events(&mut ran, &receiver.events());
+        done.extend(ran);
+    }
+    drop(agent);
+    remove_tree(&parent);
+    report(&cells, &done, &cpu, &out_dir)
+}
+
+/// Runs every `(cell, seconds)` of a batch at once, each in its own
+/// cgroup under `parent`, with the trace poller on all of them.
+fn run_batch(
+    release: &Path,
+    parent: &Path,
+    cells: &[Cell],
+    batch: &[(usize, f64)],
+    b: usize,
+) -> anyhow::Result<Vec<Run>> {
+    let mut dirs = Vec::new();
+    for (j, (c, _)) in batch.iter().enumerate() {
+        let dir = parent.join(format!("run-{b}-{j}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+        let limit = cells[*c].limit_mib * MIB;
+        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
+            .with_context(|| format!("limit {}", dir.display()))?;
+        dirs.push(dir);
+    }
+    let poller = Poller::start(dirs.clone());
+    // Let the agent's rule find the cgroups before anything grows.
+    thread::sleep(Duration::from_secs(2));
+    let mut threads = Vec::new();
+    for (j, ((c, secs), dir)) in batch.iter().zip(&dirs).enumerate() {
+        let cell = cells[*c];
+        let line = cgroup_exec_line(
+            dir,
+            &format!(
+                "{} {} {} {} {secs}",
+                release.join("memshape").display(),
+                cell.shape,
+                cell.limit_mib,
+                1000 * b + j
+            ),
+        );
+        let (secs, dir) = (*secs, dir.clone());
+        threads.push(thread::spawn(move || watch_one(&line, secs, &dir)));
+        // Staggered: the runs of a cell do not reach their limits together.
+        thread::sleep(Duration::from_millis(300));
+    }
+    let mut runs = Vec::new();
+    for ((t, (c, _)), dir) in threads.into_iter().zip(batch).zip(dirs) {
+        let Ended {
+            start,
+            end,
+            held,
+            killed,
+        } = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("a run's thread panicked"))??;
+        let limit = cells[*c].limit_mib * MIB;
+        // A run of `steps` killed in its last step: before that step began
+        // (the step before it logged, plus the 10 s plateau less a margin),
+        // nothing threatened the limit.
+        let calm_until = (cells[*c].shape == "steps" && killed)
+            .then(|| held.last().map(|(t, _)| t + 9.5))
+            .flatten();
+        runs.push(Run {
+            cell: *c,
+            trace: Trace {
+                limit,
+                start,
+                end,
+                held,
+                // The kernel's own stamp replaces this when the event has it.
+                kill: killed.then_some(end),
+                calm_until,
+                ..Trace::default()
+            },
+            dir,
+            own_lead: None,
+            said: Warnings::default(),
+        });
+    }
+    let (samples, psi) = poller.finish();
+    for run in &mut runs {
+        run.trace.samples = samples.get(&run.dir).cloned().unwrap_or_default();
+        run.trace.psi = psi
+            .iter()
+            .filter(|(t, _)| *t >= run.trace.start && *t <= run.trace.end)
+            .copied()
+            .collect();
+        let _ = std::fs::remove_dir(&run.dir);
+    }
+    Ok(runs)
+}
+
+/// How a workload ended: its times, allocation log and whether it was
+/// OOM-killed.
+struct Ended {
+    start: f64,
+    end: f64,
+    held: Vec<(f64, u64)>,
+    killed: bool,
+}
+
+/// Each cgroup's samples, and the host's PSI `some avg10` over time.
+type Polled = (BTreeMap<PathBuf, Vec<Sample>>, Vec<(f64, f64)>);
+
+/// Runs one workload (`line`, a shell line) to its end: when it started
+/// and ended, its allocation log, and whether the kernel OOM-killed it
+/// (its cgroup's `memory.oom_control` says so).
+fn watch_one(line: &str, secs: f64, dir: &Path) -> anyhow::Result<Ended> {
+    let start = now();
+    let mut child = Command::new("sh")
+        .args(["-c", line])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("memshape's stdout")?;
+    let reader = thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| {
+                let mut words = l.split_whitespace().skip(1);
+                let ns: u128 = words.next()?.parse().ok()?;
+                let bytes: u64 = words.next()?.parse().ok()?;
+                Some((ns as f64 / 1e9, bytes))
+            })
+            .collect::<Vec<_>>()
+    });
+    let bound = Duration::from_secs_f64(secs + 60.0);
+    if wait_timeout(&mut child, bound)?.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("a memshape run ({line}) ran past {bound:?}");
+    }
+    let end = now();
+    let held = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("memshape's reader panicked"))?;
+    let oom = std::fs::read_to_string(dir.join("memory.oom_control")).unwrap_or_default();
+    let killed = super::delay::oom_control_kills(&oom).is_some_and(|n| n > 0);
+    Ok(Ended {
+        start,
+        end,
+        held,
+        killed,
+    })
+}
+
+/// Reads every run's cgroup files every [`POLL`], and the host's PSI.
+struct Poller {
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<Polled>,
+}
+
+impl Poller {
+    fn start(dirs: Vec<PathBuf>) -> Poller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = thread::spawn(move || {
+            let mut samples: BTreeMap<PathBuf, Vec<Sample>> = BTreeMap::new();
+            let mut psi = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                for dir in &dirs {
+                    if let Some(s) = read_sample(dir) {
+                        samples.entry(dir.clone()).or_default().push(s);
+                    }
+                }
+                if let Some(some) = host_psi() {
+                    psi.push((now(), some));
+                }
+                thread::sleep(POLL);
+            }
+            (samples, psi)
+        });
+        Poller { stop, thread }
+    }
+
+    fn finish(self) -> Polled {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+fn read_sample(dir: &Path) -> Option<Sample> {
+    let t = now();
+    let usage = std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+    let field = |key: &str| {
+        stat.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    Some(Sample {
+        t,
+        usage,
+        inactive_file: field("total_inactive_file"),
+        active_file: field("total_active_file"),
+    })
+}
+
+/// `/proc/pressure/memory`'s `some avg10`, when the kernel has PSI.
+fn host_psi() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/pressure/memory").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("some "))?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("avg10="))?
+        .parse()
+        .ok()
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Puts the agent's events on each run: its kill's kernel stamp and lead,
+/// and what it said (`oom_imminent` / `oom_averted`) as [`Warnings`].
+fn attach_events(runs: &mut [Run], events: &[(SystemTime, Value)]) {
+    for run in runs {
+        let cgroup = run.dir.to_string_lossy();
+        let kill = events
+            .iter()
+            .find(|(_, e)| e["kind"] == "oom_kill" && e["cgroup"].as_str() == Some(&*cgroup));
+        if let (Some((_, e)), Some(_)) = (kill, run.trace.kill) {
+            run.trace.kill = time_of(e).or(run.trace.kill);
+            run.own_lead = e["predicted_lead_seconds"].as_f64();
+        }
+        run.said = memwatch_said(run, events);
+    }
+}
+
+/// What memwatch said of `run`: its `oom_imminent` and `oom_averted`
+/// events for the run's cgroup, by their times, up to the kill.
+fn memwatch_said(run: &Run, events: &[(SystemTime, Value)]) -> Warnings {
+    let cgroup = run.dir.to_string_lossy();
+    let until = run.trace.kill.unwrap_or(f64::INFINITY);
+    let mut mine: Vec<(f64, Option<Option<f64>>)> = events
+        .iter()
+        .filter(|(_, e)| e["cgroup"].as_str() == Some(&*cgroup))
+        .filter_map(|(_, e)| {
+            let t = time_of(e)?;
+            match e["kind"].as_str()? {
+                "oom_imminent" => Some((t, Some(e["eta_seconds"].as_f64()))),
+                "oom_averted" => Some((t, None)),
+                _ => None,
+            }
+        })
+        .filter(|(t, _)| *t <= until)
+        .collect();
+    mine.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Warnings::from_looks(mine)
+}
+
+fn time_of(event: &Value) -> Option<f64> {
+    let t = humantime::parse_rfc3339(event["time"].as_str()?).ok()?;
+    Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
+/// Removes `dir` and the run cgroups under it (each empty by then).
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Prints a table per cell (memwatch, then each rival), writes the plots,
+/// and returns memwatch's figures.
+fn report(
+    cells: &[Cell],
+    runs: &[Run],
+    cpu: &BTreeMap<usize, f64>,
+    out_dir: &Path,
+) -> anyhow::Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+    println!(
+        "\n## Predicting the kill (cgroup v1 host; lead = kernel kill stamp − first oom_imminent)\n"
+    );
+    for (c, cell) in cells.iter().enumerate() {
+        let mine: Vec<(usize, &Run)> = runs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.cell == c)
+            .collect();
+        let Some((_, first)) = mine.first() else {
+            continue;
+        };
+        let mut scores = vec![Score::default(); 1 + RIVALS.len()];
+        for (i, run) in &mine {
+            scores[0].add(&run.trace, &run.said);
+            let phase = (*i as f64 * 0.618_034).fract();
+            for (score, said) in scores[1..]
+                .iter_mut()
+                .zip(rivals::replay(&run.trace, phase))
+            {
+                score.add(&run.trace, &said);
+            }
+        }
+        let own: Vec<f64> = mine
+            .iter()
+            .filter_map(|(_, r)| {
+                let (kill, said) = (r.trace.kill?, r.said.open_at(r.trace.kill?)?);
+                Some(r.own_lead? - (kill - said.0))
+            })
+            .collect();
+        println!(
+            "### {} ({} runs, limit {} MiB; memwatch's CPU {:.2} % of a core over the batch)\n",
+            cell.name,
+            mine.len(),
+            cell.limit_mib,
+            cpu.get(&c).copied().unwrap_or(f64::NAN)
+        );
+        println!(
+            "| watcher | killed | lead p10 / p50 s | warned ≥ 5 s | ETA error p90 at 2 / 5 / 10 s | false alarms | per hour |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let names = std::iter::once("memwatch").chain(RIVALS);
+        for (name, s) in names.zip(&scores) {
+            let errors: Vec<String> = (0..LEFT.len())
+                .map(|i| match s.error_p90(i) {
+                    (_, 0) => "–".to_string(),
+                    (p90, n) => format!("{:.0} % (of {n})", p90 * 100.0),
+                })
+                .collect();
+            println!(
+                "| {name} | {} of {} | {} / {} | {} of {} | {} | {} | {:.1} |",
+                s.kills,
+                s.runs,
+                seconds(s.lead(0.1)),
+                seconds(s.lead(0.5)),
+                s.recalled,
+                s.kills,
+                errors.join(" / "),
+                s.false_alarms,
+                s.false_per_hour()
+            );
+        }
+        let agree = own.iter().map(|d| d.abs()).fold(0.0, f64::max);
+        println!(
+            "\nWorkload watched: {:.2} h. The agent's own `predicted_lead_seconds` differs from the \
+             lead above by at most {agree:.2} s over {} kills.\n",
+            scores[0].hours,
+            own.len()
+        );
+        let file = out_dir.join(format!("{}.svg", first.trace_name(cell)));
+        std::fs::write(&file, plot::svg(cell.name, &first.trace, &first.said))?;
+        println!("Plot of its first run: {}\n", file.display());
+        let s = &scores[0];
+        if cell.kills {
+            let recall = 100.0 * s.recalled as f64 / s.kills.max(1) as f64;
+            figures.push(Figure::new(
+                "predict",
+                format!("{}: lead p50 s", cell.name),
+                &[s.lead(0.5)],
+            ));
+            figures.push(Figure::new(
+                "predict",
+                format!("{}: ETA error p90 at 5 s %", cell.name),
+                &[s.error_p90(1).0 * 100.0],
+            ));
+            figures.push(Figure::new(
+                "predict",
+                format!("{}: warned ≥ 5 s %", cell.name),
+                &[recall],
+            ));
+        } else {
+            figures.push(Figure::new(
+                "predict",
+                format!("{}: killed", cell.name),
+                &[s.kills as f64],
+            ));
+        }
+        figures.push(Figure::new(
+            "predict",
+            format!("{}: false alarms per hour", cell.name),
+            &[s.false_per_hour()],
+        ));
+    }
+    Ok(figures)
+}
+
+fn seconds(s: f64) -> String {
+    if s.is_finite() {
+        format!("{s:.1}")
+    } else {
+        "–".to_string()
+    }
+}
+
+impl Run {
+    /// The plot's file name: the cell's shape, without `:`.
+    fn trace_name(&self, cell: &Cell) -> String {
+        cell.shape.replace(':', "-")
+    }
+}
