@@ -20,6 +20,10 @@ const MAX_FIT_POINTS: usize = 100;
 /// No judgement from fewer points or a shorter span than these.
 const MIN_POINTS: usize = 5;
 const MIN_SPAN: Duration = Duration::from_secs(2);
+/// A rise is judged only once it has gone on this long: a garbage
+/// collector's first tooth (2–5 s) falls before, and a leak that kills
+/// sooner after it starts cannot be warned of seconds ahead anyway.
+pub(crate) const MIN_RISE: Duration = Duration::from_secs(5);
 /// A fall this large (the larger of 1 MiB and 2 % of the level) below the
 /// running peak is a drop: the series is a sawtooth, judged by troughs.
 const DROP_MIN_BYTES: u64 = 1 << 20;
@@ -124,10 +128,14 @@ impl Series {
                 .map(|&(t, b)| (t.duration_since(start).as_secs_f64(), b as f64))
                 .collect()
         };
-        let trend = trend(&points)?;
+        // Above memory.high the rise began before the crossing.
+        let trend = trend(&points, from == 0)?;
         let (eta, limit) = limits
             .iter()
-            .map(|l| (l.bytes.saturating_sub(l.used) as f64 / trend.rate, l))
+            .map(|l| {
+                let headroom = l.bytes.saturating_sub(l.used) as f64 - trend.peak_above;
+                (headroom.max(0.0) / trend.rate, l)
+            })
             .min_by(|a, b| a.0.total_cmp(&b.0))?;
         Some(Prediction {
             eta: Duration::from_secs_f64(eta),
@@ -144,14 +152,38 @@ impl Series {
 struct Trend {
     rate: f64,
     confidence: f64,
+    /// For a sawtooth: how much higher than its last sample the series
+    /// will go at its next peak (its last trough plus its tallest tooth),
+    /// which comes before the troughs reach any limit.
+    peak_above: f64,
 }
 
-/// The growth of `points` (seconds, bytes), judged on its lower envelope;
-/// `None` when it does not grow, or not clearly.
-fn trend(points: &[(f64, f64)]) -> Option<Trend> {
-    let envelope = thin(&lower_envelope(points), MAX_FIT_POINTS);
+/// Troughs needed to fit a sawtooth on its troughs alone.
+const MIN_TROUGHS: usize = 3;
+
+/// The growth of `points` (seconds, bytes), judged on its lower envelope
+/// (on its troughs, once it has [`MIN_TROUGHS`]); `None` when it does not
+/// grow, or not clearly, or (`whole`: the points are all the series has)
+/// it has risen for less than [`MIN_RISE`].
+fn trend(points: &[(f64, f64)], whole: bool) -> Option<Trend> {
+    let teeth = teeth(points);
+    if teeth.troughs.len() >= MIN_TROUGHS {
+        return trough_trend(points, &teeth);
+    }
+    let envelope = thin(&lower_envelope(points, &teeth), MAX_FIT_POINTS);
     let span = envelope.last()?.0 - envelope.first()?.0;
     if envelope.len() < MIN_POINTS || span < MIN_SPAN.as_secs_f64() {
+        return None;
+    }
+    // How long the envelope has risen: from its first point a drop's size
+    // above where the window starts (a process's first allocation counts
+    // as the start of its rise, not as a rate).
+    let base = envelope.first()?.1;
+    let rose_at = envelope
+        .iter()
+        .find(|p| p.1 > base + drop_size(base))
+        .map_or(envelope.last()?.0, |p| p.0);
+    if whole && envelope.last()?.0 - rose_at < MIN_RISE.as_secs_f64() {
         return None;
     }
     let mut all = slopes(&envelope);
@@ -168,8 +200,72 @@ fn trend(points: &[(f64, f64)]) -> Option<Trend> {
     // troughs of a jittering flat line rise a little too.
     let level = envelope.last()?.1;
     let material = rate * span >= (level * GROWTH_FRACTION).max(DROP_MIN_BYTES as f64);
-    (material && recent_rate >= RECENT_FRACTION * rate && confidence >= MIN_CONFIDENCE)
-        .then_some(Trend { rate, confidence })
+    (material && recent_rate >= RECENT_FRACTION * rate && confidence >= MIN_CONFIDENCE).then_some(
+        Trend {
+            rate,
+            confidence,
+            peak_above: 0.0,
+        },
+    )
+}
+
+/// A sawtooth's growth: Theil–Sen over its troughs (what the heap keeps
+/// after each collection). Its next peak is its last trough, grown at
+/// that rate, plus its tallest tooth.
+fn trough_trend(points: &[(f64, f64)], teeth: &Teeth) -> Option<Trend> {
+    let troughs: Vec<(f64, f64)> = teeth.troughs.iter().map(|&i| points[i]).collect();
+    let (first, last) = (troughs.first()?, troughs.last()?);
+    let span = last.0 - first.0;
+    let mut all = slopes(&troughs);
+    let confidence = all.iter().filter(|&&s| s > 0.0).count() as f64 / all.len().max(1) as f64;
+    let rate = quantile(&mut all, 0.5);
+    let recent_rate = quantile(
+        &mut slopes(&troughs[troughs.len().saturating_sub(MIN_TROUGHS)..]),
+        RECENT_QUANTILE,
+    );
+    let material = rate * span >= (last.1 * GROWTH_FRACTION).max(DROP_MIN_BYTES as f64);
+    let now = points.last()?;
+    let next_peak = last.1 + rate * (now.0 - last.0) + teeth.tallest;
+    (material
+        && span >= MIN_SPAN.as_secs_f64()
+        && recent_rate >= RECENT_FRACTION * rate
+        && confidence >= MIN_CONFIDENCE)
+        .then_some(Trend {
+            rate,
+            confidence,
+            peak_above: (next_peak - now.1).max(0.0),
+        })
+}
+
+/// Where a series dropped and bottomed out (its troughs, by index), and
+/// its tallest tooth (a trough to the peak before the next drop).
+#[derive(Debug, Default)]
+struct Teeth {
+    troughs: Vec<usize>,
+    tallest: f64,
+}
+
+fn teeth(points: &[(f64, f64)]) -> Teeth {
+    let mut teeth = Teeth::default();
+    let mut peak = f64::MIN;
+    let mut falling = false;
+    for (i, &(_, b)) in points.iter().enumerate() {
+        let drop = drop_size(b);
+        if b <= peak - drop && !falling {
+            falling = true;
+            if let Some(&last) = teeth.troughs.last() {
+                teeth.tallest = teeth.tallest.max(peak - points[last].1);
+            }
+        }
+        let next_higher = points.get(i + 1).is_none_or(|&(_, n)| n > b);
+        if falling && next_higher {
+            teeth.troughs.push(i);
+            falling = false;
+            peak = b;
+        }
+        peak = peak.max(b);
+    }
+    teeth
 }
 
 /// The troughs: each point replaced by the lowest at or after it (the
@@ -177,23 +273,8 @@ fn trend(points: &[(f64, f64)]) -> Option<Trend> {
 /// dropped (a sawtooth), the rise since its last trough is a tooth that may
 /// fall again: it is left out unless it has lasted longer than the longest
 /// tooth seen, when it is a rise of its own.
-fn lower_envelope(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let mut troughs = Vec::new(); // indices where a drop bottomed out
-    let mut peak = f64::MIN;
-    let mut falling = false;
-    for (i, &(_, b)) in points.iter().enumerate() {
-        let drop = drop_size(b);
-        if b <= peak - drop {
-            falling = true;
-        }
-        let next_higher = points.get(i + 1).is_none_or(|&(_, n)| n > b);
-        if falling && next_higher {
-            troughs.push(i);
-            falling = false;
-            peak = b;
-        }
-        peak = peak.max(b);
-    }
+fn lower_envelope(points: &[(f64, f64)], teeth: &Teeth) -> Vec<(f64, f64)> {
+    let troughs = &teeth.troughs;
     let end = match troughs.last() {
         Some(&last) => {
             let mut longest = points[troughs[0]].0 - points[0].0;

@@ -67,7 +67,7 @@ fn linear_leaks_get_an_eta_within_20_percent_of_the_truth() {
             own,
             None,
             |t, p| {
-                if t < at.max(MIN_SPAN.as_secs_f64() + 0.5) {
+                if t < at.max(MIN_RISE.as_secs_f64() + 0.5) {
                     return;
                 }
                 let p = p.unwrap_or_else(|| panic!("{rate_mib} MiB/s at {t:.1}s: no prediction"));
@@ -104,14 +104,33 @@ fn a_steady_sawtooth_between_50_and_90_percent_gives_none() {
             None,
             |t, p| {
                 // The first tooth is a rise from nothing like a leak's: it can
-                // only be told apart once it has fallen once.
-                troughs_seen |= t > period;
+                // only be told apart once it has fallen once, or while it
+                // is younger than a rise that is judged.
+                troughs_seen |= t > period || period < MIN_RISE.as_secs_f64();
                 if troughs_seen {
                     assert_eq!(p, None, "period {period}s at {t:.1}s");
                 }
             },
         );
     }
+}
+
+#[test]
+fn a_first_allocation_then_a_short_first_tooth_is_not_called_imminent() {
+    // A heap's start as `bench predict`'s sawtooth makes it: nothing for
+    // 2 s, half the limit at once, then a 40 % tooth over 2.8 s that falls.
+    let l = LIMIT as f64;
+    run(
+        12.0,
+        |t| match t {
+            t if t < 2.0 => 0.0,
+            t if t < 4.8 => 0.5 * l + 0.4 * l * (t - 2.0) / 2.8,
+            t => sawtooth(t - 4.8, 3.5, 0.5 * l, 0.4 * l),
+        },
+        own,
+        None,
+        |t, p| assert_eq!(p, None, "at {t:.1}s"),
+    );
 }
 
 #[test]
@@ -229,12 +248,12 @@ fn an_ancestors_smaller_headroom_is_the_limit_chosen() {
     let rate = 10.0 * MIB;
     let mut judged = 0;
     run(
-        10.0,
+        12.0,
         |t| 50.0 * MIB + rate * t,
         limits,
         None,
         |t, p| {
-            if t < 4.0 {
+            if t < MIN_RISE.as_secs_f64() + 0.5 {
                 return;
             }
             let p = p.expect("a leak");
@@ -267,4 +286,49 @@ fn the_window_and_the_sample_count_are_bounded() {
     assert_eq!(s.last(), Some(9_999), "a sample from the past is ignored");
     s.push(start + Duration::from_secs(100), 1);
     assert_eq!(s.samples.len(), 1, "older than the window: gone");
+}
+
+/// `memshape rising` of `cargo xtask bench predict`: teeth of 40 % of the
+/// limit whose troughs rise 4 % a tooth, so a peak reaches the limit long
+/// before a trough does.
+fn rising_heap(t: f64) -> f64 {
+    let l = LIMIT as f64;
+    let period = 3.5;
+    let tooth = (t / period).floor();
+    let low = (0.40 + 0.04 * tooth) * l;
+    let into = (t % period) / period;
+    low + 0.40 * l * (into / 0.8).min(1.0)
+}
+
+#[test]
+fn rising_troughs_are_warned_of_before_a_peak_reaches_the_limit() {
+    let l = LIMIT as f64;
+    // The first peak at the limit: trough 0.60, in the 6th tooth's rise.
+    let kill = 5.0 * 3.5 + 0.8 * 3.5;
+    let mut first = None;
+    let mut at_five = None;
+    run(kill - 0.1, rising_heap, own, None, |t, p| {
+        if let Some(p) = &p
+            && p.eta.as_secs_f64() <= 60.0
+        {
+            first.get_or_insert(t);
+        }
+        if (t - (kill - 5.0)).abs() < 0.05 {
+            at_five = p.map(|p| p.eta.as_secs_f64());
+        }
+    });
+    let first = first.expect("never warned");
+    assert!(
+        kill - first >= 5.0,
+        "warned {:.1} s before the kill",
+        kill - first
+    );
+    // Five seconds before the kill the ETA counts the next peak, not the
+    // troughs' far later arrival at the limit.
+    let eta = at_five.expect("an ETA 5 s before the kill");
+    assert!(
+        eta < 10.0,
+        "ETA {eta:.1} s with 5 s left (troughs alone: {:.0} s)",
+        (l * 0.4) / (0.04 * l / 3.5)
+    );
 }

@@ -222,6 +222,7 @@ pub(super) fn predict() -> anyhow::Result<Vec<Figure>> {
         attach_events(&mut ran, &receiver.events());
         done.extend(ran);
     }
+    keep(&out_dir, &cells, &done, &receiver.events())?;
     drop(agent);
     remove_tree(&parent);
     report(&cells, &done, &cpu, &out_dir)
@@ -482,6 +483,39 @@ fn memwatch_said(run: &Run, events: &[(SystemTime, Value)]) -> Warnings {
 fn time_of(event: &Value) -> Option<f64> {
     let t = humantime::parse_rfc3339(event["time"].as_str()?).ok()?;
     Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
+/// Writes what the run left for a second look: every event the agent sent
+/// (`events.jsonl`) and every run with its allocation log, samples and
+/// kill (`runs.jsonl`), in `out_dir`.
+fn keep(
+    out_dir: &Path,
+    cells: &[Cell],
+    runs: &[Run],
+    events: &[(SystemTime, Value)],
+) -> anyhow::Result<()> {
+    let lines: Vec<String> = events.iter().map(|(_, e)| e.to_string()).collect();
+    std::fs::write(out_dir.join("events.jsonl"), lines.join("\n") + "\n")?;
+    let lines: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "cell": cells[r.cell].name,
+                "cgroup": r.dir,
+                "limit": r.trace.limit,
+                "start": r.trace.start,
+                "end": r.trace.end,
+                "kill": r.trace.kill,
+                "held": r.trace.held,
+                "samples": r.trace.samples.iter()
+                    .map(|s| (s.t, s.usage, s.inactive_file, s.active_file))
+                    .collect::<Vec<_>>(),
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(out_dir.join("runs.jsonl"), lines.join("\n") + "\n")?;
+    Ok(())
 }
 
 /// Removes `dir` and the run cgroups under it (each empty by then).
