@@ -160,6 +160,9 @@ struct Trend {
 
 /// Troughs needed to fit a sawtooth on its troughs alone.
 const MIN_TROUGHS: usize = 3;
+/// Troughs must rise by this share of the tallest tooth over their span
+/// to count as growth (see [`trough_trend`]).
+const TOOTH_FRACTION: f64 = 0.1;
 
 /// The growth of `points` (seconds, bytes), judged on its lower envelope
 /// (on its troughs, once it has [`MIN_TROUGHS`]); `None` when it does not
@@ -171,22 +174,25 @@ fn trend(points: &[(f64, f64)], whole: bool) -> Option<Trend> {
         return trough_trend(points, &teeth);
     }
     let envelope = thin(&lower_envelope(points, &teeth), MAX_FIT_POINTS);
-    let span = envelope.last()?.0 - envelope.first()?.0;
-    if envelope.len() < MIN_POINTS || span < MIN_SPAN.as_secs_f64() {
+    if envelope.len() < MIN_POINTS {
         return None;
     }
     // How long the envelope has risen: from its first point a drop's size
     // above where the window starts (a process's first allocation counts
     // as the start of its rise, not as a rate).
-    let base = envelope.first()?.1;
-    let rose_at = envelope
-        .iter()
-        .find(|p| p.1 > base + drop_size(base))
-        .map_or(envelope.last()?.0, |p| p.0);
-    if whole && envelope.last()?.0 - rose_at < MIN_RISE.as_secs_f64() {
+    let rose = rise_start(&envelope).unwrap_or(envelope.len() - 1);
+    if whole && envelope.last()?.0 - envelope[rose].0 < MIN_RISE.as_secs_f64() {
         return None;
     }
-    let mut all = slopes(&envelope);
+    // Nor is the jump of that first allocation a rate: with the whole
+    // series in hand the fit starts where the rise did (the idle samples
+    // before it would make a step look like steady growth).
+    let envelope = if whole { &envelope[rose..] } else { &envelope[..] };
+    let span = envelope.last()?.0 - envelope.first()?.0;
+    if envelope.len() < MIN_POINTS || span < MIN_SPAN.as_secs_f64() {
+        return None;
+    }
+    let mut all = slopes(envelope);
     let confidence = all.iter().filter(|&&s| s > 0.0).count() as f64 / all.len() as f64;
     let rate = quantile(&mut all, 0.5);
     // A step then a plateau: at most half the recent pairs span the step,
@@ -223,7 +229,13 @@ fn trough_trend(points: &[(f64, f64)], teeth: &Teeth) -> Option<Trend> {
         &mut slopes(&troughs[troughs.len().saturating_sub(MIN_TROUGHS)..]),
         RECENT_QUANTILE,
     );
-    let material = rate * span >= (last.1 * GROWTH_FRACTION).max(DROP_MIN_BYTES as f64);
+    // A trough is sampled up to one interval into the next tooth's ramp,
+    // so troughs jitter by a part of a tooth: growth smaller than
+    // TOOTH_FRACTION of the tallest tooth is that jitter, not a leak.
+    let material = rate * span
+        >= (last.1 * GROWTH_FRACTION)
+            .max(DROP_MIN_BYTES as f64)
+            .max(TOOTH_FRACTION * teeth.tallest);
     let now = points.last()?;
     let next_peak = last.1 + rate * (now.0 - last.0) + teeth.tallest;
     (material
@@ -257,7 +269,9 @@ fn teeth(points: &[(f64, f64)]) -> Teeth {
                 teeth.tallest = teeth.tallest.max(peak - points[last].1);
             }
         }
-        let next_higher = points.get(i + 1).is_none_or(|&(_, n)| n > b);
+        // The last sample may be caught in the middle of a collection: it
+        // is a trough only once a higher sample follows.
+        let next_higher = points.get(i + 1).is_some_and(|&(_, n)| n > b);
         if falling && next_higher {
             teeth.troughs.push(i);
             falling = false;
@@ -268,21 +282,32 @@ fn teeth(points: &[(f64, f64)]) -> Teeth {
     teeth
 }
 
+/// Where `points` began to rise: the first point a drop's size above the
+/// first, if any is.
+fn rise_start(points: &[(f64, f64)]) -> Option<usize> {
+    let base = points.first()?.1;
+    points.iter().position(|p| p.1 > base + drop_size(base))
+}
+
 /// The troughs: each point replaced by the lowest at or after it (the
 /// largest non-decreasing curve under the series). When the series has
 /// dropped (a sawtooth), the rise since its last trough is a tooth that may
 /// fall again: it is left out unless it has lasted longer than the longest
-/// tooth seen, when it is a rise of its own.
+/// tooth seen and [`MIN_RISE`], when it is a rise of its own. The first
+/// tooth counts from where the series rose (idle samples before a process
+/// starts are no part of a tooth).
 fn lower_envelope(points: &[(f64, f64)], teeth: &Teeth) -> Vec<(f64, f64)> {
     let troughs = &teeth.troughs;
     let end = match troughs.last() {
         Some(&last) => {
-            let mut longest = points[troughs[0]].0 - points[0].0;
+            let first = troughs[0];
+            let rose = rise_start(&points[..=first]).unwrap_or(0);
+            let mut longest = points[first].0 - points[rose].0;
             for pair in troughs.windows(2) {
                 longest = longest.max(points[pair[1]].0 - points[pair[0]].0);
             }
             let tail = points[points.len() - 1].0 - points[last].0;
-            if tail > longest {
+            if tail > longest.max(MIN_RISE.as_secs_f64()) {
                 points.len()
             } else {
                 last + 1

@@ -332,3 +332,71 @@ fn rising_troughs_are_warned_of_before_a_peak_reaches_the_limit() {
         (l * 0.4) / (0.04 * l / 3.5)
     );
 }
+
+/// `memshape sawtooth` of `cargo xtask bench predict`: idle for 2 s, then
+/// teeth from 50 to 90 % of the limit, each 2–5 s long (drawn from
+/// `seed`): a ramp over 80 % of the tooth, a hold, and a collection that
+/// frees 40 % of the limit over 150 ms.
+fn memshape_sawtooth(seed: u64, secs: f64) -> impl Fn(f64) -> f64 {
+    let l = LIMIT as f64;
+    let mut draws = Noise(seed);
+    let mut teeth = Vec::new();
+    let mut at = 2.0;
+    while at < secs {
+        let period = 3.5 + draws.next(1.5);
+        teeth.push((at, period));
+        at += period;
+    }
+    move |t| {
+        let Some(&(start, period)) = teeth.iter().rev().find(|(s, _)| *s <= t) else {
+            return 0.0;
+        };
+        let into = t - start;
+        let fall = (0.15 - into).max(0.0) / 0.15;
+        // The end of the previous tooth's collection, then this one's ramp.
+        let ramp = (into / (0.8 * period)).min(1.0);
+        if start > 2.0 && fall > 0.0 {
+            0.5 * l + 0.4 * l * fall
+        } else {
+            0.5 * l + 0.4 * l * ramp
+        }
+    }
+}
+
+/// A steady garbage-collected heap, sampled as the agent samples it (once
+/// a second until half the limit, then ten times a second, at any phase):
+/// no sample caught mid-collection, no first tooth shorter than the next,
+/// no trough sampled a little into the next ramp is read as a leak.
+#[test]
+fn a_collected_heap_sampled_at_any_phase_is_never_called_imminent() {
+    let secs = 240.0;
+    for seed in 1..=8u64 {
+        let shape = memshape_sawtooth(seed, secs);
+        for phase in [0.0, 0.025, 0.05, 0.075] {
+            let start = Instant::now();
+            let mut series = Series::default();
+            let (mut t, mut last_full) = (phase, f64::MIN);
+            while t < secs {
+                let near = series.last().is_some_and(|b| 2 * b >= LIMIT);
+                if near || t - last_full >= 1.0 {
+                    if t - last_full >= 1.0 {
+                        last_full = t;
+                    }
+                    let bytes = shape(t) as u64;
+                    series.push(start + Duration::from_secs_f64(t), bytes);
+                    if let Some(p) = series.predict(&own(bytes), None) {
+                        assert!(
+                            p.eta.as_secs_f64() > 60.0,
+                            "seed {seed}, phase {phase}: at {t:.2}s ({:.0} MiB) \
+                             a kill in {:.1}s at {:.2} MiB/s",
+                            bytes as f64 / MIB,
+                            p.eta.as_secs_f64(),
+                            p.rate_bytes_per_second / MIB,
+                        );
+                    }
+                }
+                t += 0.1;
+            }
+        }
+    }
+}
