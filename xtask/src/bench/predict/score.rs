@@ -47,7 +47,12 @@ impl Score {
             return;
         };
         self.kills += 1;
-        if let Some((start, _)) = said.open_at(kill) {
+        // An alarm raised on a plateau is counted false above, and gives
+        // the kill no lead: the warning that counts came after the calm.
+        let warned = said
+            .open_at(kill)
+            .filter(|(start, _)| trace.calm_until.is_none_or(|calm| *start >= calm));
+        if let Some((start, _)) = warned {
             let lead = kill - start;
             self.leads.push(lead);
             self.recalled += usize::from(lead >= RECALL_S);
@@ -107,6 +112,23 @@ mod tests {
         // At kill − 5 (25) the reader believes 22 − 15 = 7: 40 % off.
         let (p90, n) = score.error_p90(1);
         assert!((p90 - 0.4).abs() < 1e-9 && n == 1, "{p90}");
+    }
+
+    #[test]
+    fn an_alarm_raised_on_a_plateau_and_open_at_the_kill_is_false_and_no_lead() {
+        // Steps: calm until 40, killed at 45; the alarm from 20 never closed.
+        let trace = Trace {
+            start: 0.0,
+            end: 45.0,
+            kill: Some(45.0),
+            calm_until: Some(40.0),
+            ..Trace::default()
+        };
+        let said = Warnings::from_looks([(10.0, None), (20.0, Some(Some(30.0)))]);
+        let mut score = Score::default();
+        score.add(&trace, &said);
+        assert_eq!((score.kills, score.recalled, score.false_alarms), (1, 0, 1));
+        assert!(score.leads.is_empty(), "{:?}", score.leads);
     }
 
     #[test]
