@@ -5,12 +5,17 @@
 //! target/bench-baseline/<commit>/src (as the upgrade test builds its old
 //! release, tests/delivery/upgrade.rs) and built in release with its own
 //! target directory, target/bench-baseline/<commit>/target, so nothing of
-//! this tree's (target/release/memwatch above all) is overwritten. Its
-//! intermediate artifacts go to this tree's target directory (cargo's
-//! `build-dir`), so the dependencies both builds share are compiled once:
-//! the baseline's own crates have another path, hence their own artifacts.
-//! It is built with the same packages as this tree's release build
-//! (shell::build_bins), so the dependencies' features, and artifacts, match.
+//! this tree's (target/release/memwatch above all) is overwritten. It is
+//! built with the same packages as this tree's release build
+//! (shell::build_bins), so the dependencies' features match.
+//!
+//! Nothing is shared with this tree's target directory, intermediate
+//! artifacts included: cargo names a workspace member's artifacts by its
+//! path relative to the workspace root, the same in both checkouts, so a
+//! shared `build-dir` made each build overwrite the other's `memwatch`
+//! and take it for fresh (this tree's `cargo build` then linked the
+//! baseline's binary as its own). [`distinct`] refuses two builds that
+//! are one binary.
 
 use std::{
     path::{Path, PathBuf},
@@ -61,8 +66,7 @@ pub(crate) fn build(rev: &str) -> anyhow::Result<Baseline> {
     let root = shell::workspace_root();
     let commit = git(&["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
         .with_context(|| format!("--baseline {rev}: not a commit of this repository"))?;
-    let shared = root.join("target");
-    let layout = Layout::new(&shared, &commit);
+    let layout = Layout::new(&root.join("target"), &commit);
     if !layout.src.join("Cargo.toml").exists() {
         let dir = layout.src.parent().context("the baseline's directory")?;
         std::fs::create_dir_all(dir).with_context(|| format!("mkdir {}", dir.display()))?;
@@ -79,7 +83,7 @@ pub(crate) fn build(rev: &str) -> anyhow::Result<Baseline> {
         .args(["-p", "memwatch", "-p", "memwatch-tests", "--bins"])
         .current_dir(&layout.src)
         .env("CARGO_TARGET_DIR", &layout.target)
-        .env("CARGO_BUILD_BUILD_DIR", &shared)
+        .env_remove("CARGO_BUILD_BUILD_DIR")
         .status()
         .context("cannot run cargo")?;
     if !status.success() {
@@ -93,6 +97,30 @@ pub(crate) fn build(rev: &str) -> anyhow::Result<Baseline> {
         bin: layout.bin,
         commit,
     })
+}
+
+/// Fails when this tree's binary `ours` and the baseline's are one file,
+/// or the same bytes while the commits differ: the comparison would be of
+/// a build with itself.
+pub(crate) fn distinct(ours: &Path, base: &Baseline) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let (a, b) = (
+        std::fs::metadata(ours).with_context(|| format!("{}", ours.display()))?,
+        std::fs::metadata(&base.bin).with_context(|| format!("{}", base.bin.display()))?,
+    );
+    let one_file = (a.dev(), a.ino()) == (b.dev(), b.ino());
+    let same_bytes = !one_file
+        && a.len() == b.len()
+        && std::fs::read(ours)? == std::fs::read(&base.bin)?
+        && !this_tree().starts_with(&base.name());
+    if one_file || same_bytes {
+        bail!(
+            "{} and the baseline's {} are one binary: this comparison would measure a build              against itself (`cargo clean --release -p memwatch` and build again)",
+            ours.display(),
+            base.bin.display()
+        );
+    }
+    Ok(())
 }
 
 /// `git -C <workspace> <args>`'s first line of output.
@@ -154,5 +182,29 @@ mod tests {
         }
         .name();
         assert_eq!(name, "00cc42c");
+    }
+
+    /// A baseline that is this tree's binary (one file, as a shared
+    /// build-dir made it), or the same bytes from another commit, is
+    /// refused; a binary of its own passes.
+    #[test]
+    fn a_baseline_that_is_this_trees_binary_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join("memwatch");
+        std::fs::write(&ours, b"this tree").unwrap();
+        let linked = dir.path().join("linked");
+        std::fs::hard_link(&ours, &linked).unwrap();
+        let copied = dir.path().join("copied");
+        std::fs::write(&copied, b"this tree").unwrap();
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"the baseline").unwrap();
+        let base = |bin: &Path| Baseline {
+            bin: bin.to_path_buf(),
+            commit: "0000000000000000000000000000000000000001".into(),
+        };
+        let refused = distinct(&ours, &base(&linked)).unwrap_err().to_string();
+        assert!(refused.contains("one binary"), "{refused}");
+        assert!(distinct(&ours, &base(&copied)).is_err());
+        distinct(&ours, &base(&other)).unwrap();
     }
 }

@@ -263,7 +263,7 @@ const AB_RUNS: usize = 4;
 
 pub(super) fn delay(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the delay benchmark loads the eBPF probe and makes cgroups")?;
-    let builds = builds(&release, baseline);
+    let builds = builds(&release, baseline)?;
     let runs = if builds.len() > 1 { AB_RUNS } else { 1 };
     let mut pooled: Vec<Option<Run>> = builds.iter().map(|_| None).collect();
     for (r, b) in interleaved(runs, builds.len()).into_iter().enumerate() {

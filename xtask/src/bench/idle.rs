@@ -49,7 +49,7 @@ const ORDER: [usize; 4] = [0, 1, 1, 0];
 
 pub(super) fn idle(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the idle benchmark loads the eBPF probe and makes cgroups")?;
-    let agents = builds(&release, baseline);
+    let agents = builds(&release, baseline)?;
     let ticks = clock_ticks();
     // (count, per agent (cpu %, rss MiB), one full walk's CPU ms)
     let mut rows = Vec::new();

@@ -70,12 +70,18 @@ fn run_one(bench: Bench, baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figu
 
 /// The agents a benchmark runs: this tree's `memwatch` in `release`, then
 /// the baseline's; each with the name its table gives it.
-pub(crate) fn builds(release: &Path, baseline: Option<&Baseline>) -> Vec<(String, PathBuf)> {
-    let mut builds = vec![(baseline::this_tree(), release.join("memwatch"))];
+/// Fails when the two are one binary (see [`baseline::distinct`]).
+pub(crate) fn builds(
+    release: &Path,
+    baseline: Option<&Baseline>,
+) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let ours = release.join("memwatch");
+    let mut builds = vec![(baseline::this_tree(), ours.clone())];
     if let Some(base) = baseline {
+        baseline::distinct(&ours, base)?;
         builds.push((base.name(), base.bin.clone()));
     }
-    builds
+    Ok(builds)
 }
 
 /// Checks for root (saying why `what` needs it), builds the agent and the

@@ -36,7 +36,7 @@ const ROUNDS: usize = 5;
 pub(super) fn overhead(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the overhead benchmark loads the eBPF probe")?;
     let faultbench = release.join("faultbench");
-    let agents = builds(&release, baseline);
+    let agents = builds(&release, baseline)?;
     let job = DataJob::prepare()?;
     let workloads: [(&str, &str, Workload<'_>); 2] = [
         (

@@ -342,7 +342,7 @@ const AB_RUNS: usize = 2;
 
 pub(super) fn storm(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the storm benchmark loads the eBPF probe and makes cgroups")?;
-    let builds = builds(&release, baseline);
+    let builds = builds(&release, baseline)?;
     let runs = if builds.len() > 1 { AB_RUNS } else { 1 };
     let mut done: Vec<Option<StormRun>> = builds.iter().map(|_| None).collect();
     for b in interleaved(runs, builds.len()) {

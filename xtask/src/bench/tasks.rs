@@ -193,7 +193,7 @@ impl Agents {
 
 pub(super) fn tasks(baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the tasks benchmark loads the eBPF probe and makes cgroups")?;
-    let builds = builds(&release, baseline);
+    let builds = builds(&release, baseline)?;
     let config = config(&std::env::temp_dir())?;
     let config = config.display().to_string();
     let mut workload = Workload::new()?;

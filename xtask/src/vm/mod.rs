@@ -25,9 +25,10 @@ use initramfs::{BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END};
 use kernel::Registry;
 
 /// The kernel test binaries of the memwatch-tests crate.
-const KERNEL_TESTS: [&str; 4] = [
+const KERNEL_TESTS: [&str; 5] = [
     "kernel_doctor",
     "kernel_oom",
+    "kernel_predict",
     "kernel_pressure",
     "kernel_watchdog",
 ];
