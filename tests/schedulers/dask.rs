@@ -352,3 +352,127 @@ async fn dask_two_hosts_never_retire_every_worker() {
         one_left
     );
 }
+
+/// Results kept on w1 by the job of [`predicted_kill_job`].
+const PARTS: usize = 20;
+/// Headroom left above w1's memory at rest, and how far (and how fast) the
+/// job's growing task goes: past the limit, in 15 s.
+const HEADROOM_MIB: u64 = 240;
+const GROW_MIB: u64 = 400;
+const GROW_RATE_MIB: u64 = 16;
+
+/// What one run of the job did: its time, how many times its results were
+/// computed, and the agent's events.
+struct JobRun {
+    seconds: f64,
+    computed: usize,
+    events: Vec<Event>,
+    w1_listed: bool,
+}
+
+/// A fresh cluster whose w1 gets a hard limit [`HEADROOM_MIB`] above its
+/// memory at rest, an agent (`retire_imminent` as given), and the job: 20
+/// results computed and kept on w1, then a task on w1 that grows past its
+/// limit; the job sums the results once that task is done.
+async fn predicted_kill_job(python: PathBuf, retire_imminent: bool) -> JobRun {
+    let cluster = DaskCluster::start(python, &["w1", "w2"], &[None, None]).await;
+    let w1 = &cluster.workers[0];
+    w1.cgroup.limit(w1.cgroup.usage() + HEADROOM_MIB * MIB);
+    let config = config(&cluster, None).replace(
+        "[[dask]]\n",
+        &format!("[[dask]]\nretire_imminent = {retire_imminent}\n"),
+    );
+    let agent = Agent::start_with_config(&config).await;
+    // The worker map refreshes every 500 ms: let it see both workers.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let runs = dir.path().join("runs");
+    let answer = cluster.client(&[
+        "job",
+        &w1.address,
+        &PARTS.to_string(),
+        "0.25",
+        &GROW_MIB.to_string(),
+        &GROW_RATE_MIB.to_string(),
+        &runs.to_string_lossy(),
+    ]);
+    assert_eq!(
+        answer["total"],
+        PARTS * (PARTS - 1) / 2,
+        "the job's sum: {answer}"
+    );
+    let computed = std::fs::read_to_string(&runs)
+        .expect("the runs file")
+        .lines()
+        .count();
+    let w1_listed = cluster.listed().await.iter().any(|(n, _)| n == "w1");
+    JobRun {
+        seconds: answer["seconds"].as_f64().expect("the job's seconds"),
+        computed,
+        events: agent.events(0).await,
+        w1_listed,
+    }
+}
+
+/// Issue 24's end-to-end proof on a real Dask cluster: a worker whose
+/// memory grows toward its cgroup limit is retired before the kill (its
+/// OOM kill predicted), so the results it holds move to the other worker
+/// and survive; the same job with `retire_imminent = false` loses them to
+/// the kill and computes them again. Both jobs' times are printed.
+#[tokio::test]
+async fn dask_worker_whose_kill_is_predicted_is_retired_and_its_results_survive() {
+    const TEST: &str = "dask_worker_whose_kill_is_predicted_is_retired_and_its_results_survive";
+    let Some(python) = setup(TEST) else { return };
+    let _serial = SERIAL.lock().await;
+    let w1 = |e: &&Event| e.body.worker.as_deref() == Some("w1");
+
+    let without = predicted_kill_job(python.clone(), false).await;
+    let kills: Vec<_> = of_kind(&without.events, EventKind::OomKill)
+        .into_iter()
+        .filter(w1)
+        .collect();
+    assert!(
+        !kills.is_empty(),
+        "no kill without prediction: {:#?}",
+        without.events
+    );
+    // Those computed on w1 are computed again (a few may have been stolen
+    // by the idle w2 before the kill and survive).
+    assert!(
+        without.computed > PARTS,
+        "the kill lost w1's results, yet they were computed {} times for {PARTS}",
+        without.computed
+    );
+
+    let with = predicted_kill_job(python, true).await;
+    let imminent: Vec<_> = of_kind(&with.events, EventKind::OomImminent)
+        .into_iter()
+        .filter(w1)
+        .collect();
+    assert!(
+        !imminent.is_empty(),
+        "no oom_imminent for w1: {:#?}",
+        with.events
+    );
+    assert!(
+        of_kind(&with.events, EventKind::OomKill).is_empty(),
+        "w1 was killed all the same: {:#?}",
+        with.events
+    );
+    assert!(!with.w1_listed, "w1 was not retired");
+    assert_eq!(
+        with.computed, PARTS,
+        "w1's results were computed again after its retirement"
+    );
+    println!(
+        "the job (20 results on w1, then a task growing past w1's limit): \
+         without prediction {:.1} s, w1 OOM-killed, results computed {} times; \
+         with prediction {:.1} s, w1 retired after oom_imminent (ETA {:?} s), \
+         no kill, results computed {} times",
+        without.seconds,
+        without.computed,
+        with.seconds,
+        imminent[0].body.eta_seconds,
+        with.computed
+    );
+}

@@ -30,6 +30,14 @@ impl TestCgroup {
         TestCgroup { inner }
     }
 
+    /// Creates `name` inside this cgroup (its memory controller enabled
+    /// where v2 needs it); drop it before this one.
+    pub fn child(&self, name: &str) -> TestCgroup {
+        let inner =
+            OwnedCgroup::create(self.path().join(name)).expect("create a child test cgroup");
+        TestCgroup { inner }
+    }
+
     pub fn path(&self) -> &Path {
         self.inner.path()
     }

@@ -20,14 +20,14 @@ use crate::{
 const ROUTES: &str = r#"["distributed.http.scheduler.api","distributed.http.health","distributed.http.scheduler.prometheus","distributed.http.scheduler.info","distributed.http.scheduler.json","distributed.http.proxy","distributed.http.statics"]"#;
 /// How long the scheduler, or a worker, may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long one client script may run.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long one client script may run (the longest: the prediction test's job).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The client side of the tests: leak memory on a worker, free it, run a
 /// computation and say which workers ran it.
 const CLIENT: &str = r#"
-import builtins, json, sys
-from distributed import Client, get_worker
+import builtins, json, os, sys, time
+from distributed import Client, get_worker, wait
 
 def leak(mib):
     # Unmanaged memory: held by the worker process, unknown to Dask.
@@ -47,6 +47,27 @@ def spike(mib):
 def square(x):
     return x * x, get_worker().address
 
+def part(i, seconds, runs):
+    # One result kept in the worker's memory; every run of it is logged.
+    with open(runs, "a") as f:
+        f.write("%d %s\n" % (i, get_worker().name))
+    time.sleep(seconds)
+    return i
+
+def grow(mib, rate, marker):
+    # The first attempt grows toward `mib` at `rate` MiB/s (past its
+    # worker's limit); a retry after that worker went away holds 32 MiB.
+    first = not os.path.exists(marker)
+    open(marker, "a").close()
+    held, step = [], 2
+    for _ in range((mib if first else 32) // step):
+        held.append(b"z" * (step << 20))
+        time.sleep(step / rate)
+    return len(held) * step
+
+def total(parts, grown):
+    return sum(parts)
+
 client = Client(sys.argv[1], timeout=30)
 cmd = sys.argv[2]
 if cmd == "leak":
@@ -60,6 +81,20 @@ elif cmd == "spike":
     squares = client.map(square, range(100), pure=False)
     got = [s for s, _ in client.gather(squares)]
     print(json.dumps({"spike": f.result(timeout=90), "total": sum(got)}))
+elif cmd == "job":
+    # Results on one worker, then a task there that grows toward its limit;
+    # the job ends when the results are summed. How long it took, and how
+    # often each result was computed (in the runs file).
+    w, n, seconds, mib, rate, runs = sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]), sys.argv[8]
+    start = time.monotonic()
+    # On that worker, or another when it is gone (a restarted worker has
+    # another address; work stealing may move a few to the idle one).
+    parts = client.map(part, range(n), seconds=seconds, runs=runs, workers=[w], allow_other_workers=True, pure=False)
+    wait(parts, timeout=120)
+    parted = time.monotonic() - start
+    grown = client.submit(grow, mib, rate, runs + ".grow", workers=[w], allow_other_workers=True, pure=False)
+    answer = client.submit(total, parts, grown, pure=False).result(timeout=170)
+    print(json.dumps({"total": answer, "seconds": time.monotonic() - start, "parted": parted}))
 elif cmd == "compute":
     results = client.gather(client.map(square, range(100), pure=False))
     print(json.dumps({"total": sum(r[0] for r in results), "workers": sorted({r[1] for r in results})}))

@@ -187,7 +187,11 @@ fn trend(points: &[(f64, f64)], whole: bool) -> Option<Trend> {
     // Nor is the jump of that first allocation a rate: with the whole
     // series in hand the fit starts where the rise did (the idle samples
     // before it would make a step look like steady growth).
-    let envelope = if whole { &envelope[rose..] } else { &envelope[..] };
+    let envelope = if whole {
+        &envelope[rose..]
+    } else {
+        &envelope[..]
+    };
     let span = envelope.last()?.0 - envelope.first()?.0;
     if envelope.len() < MIN_POINTS || span < MIN_SPAN.as_secs_f64() {
         return None;
