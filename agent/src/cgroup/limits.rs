@@ -47,42 +47,30 @@ pub(crate) struct ChainLimit {
 
 /// Every finite limit from `cgroup` up to (not including) `root`: v1
 /// `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes` (memory plus
-/// swap), v2 `memory.max`. A cgroup whose figures cannot be read is left
-/// out. Also the cgroup's own `memory.high` when it sits below its limit.
-pub(crate) fn limit_chain(cgroup: &Path, root: &Path) -> (Vec<ChainLimit>, Option<u64>) {
-    let read = |dir: &Path, file: &str| -> Option<u64> {
-        let text = fs::read_to_string(dir.join(file)).ok()?;
-        text.trim().parse().ok().filter(|&v| v < UNLIMITED)
-    };
-    let mut chain = Vec::new();
-    let mut dir = Some(cgroup);
+/// swap), v2 `memory.max`. `used` is the cgroup's own unreclaimable memory,
+/// read by the caller; each ancestor's figures are read once per `shared`
+/// (a sampling round: the ancestors of many tasks are one worker's). A
+/// cgroup whose figures cannot be read is left out. Also the cgroup's own
+/// `memory.high` when it sits below its limit.
+pub(crate) fn limit_chain(
+    cgroup: &Path,
+    used: u64,
+    root: &Path,
+    shared: &mut ChainShared,
+) -> (Vec<ChainLimit>, Option<u64>) {
+    if !cgroup.starts_with(root) || cgroup == root {
+        return (Vec::new(), None);
+    }
+    let mut chain = level(cgroup, used);
+    let mut dir = cgroup.parent();
     while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
-        if let Ok(used) = super::memory::unreclaimable(d) {
-            for limit in [read(d, "memory.limit_in_bytes"), read(d, "memory.max")]
-                .into_iter()
-                .flatten()
-            {
-                chain.push(ChainLimit {
-                    cgroup: d.to_path_buf(),
-                    bytes: limit,
-                    used,
-                });
-            }
-            if let (Some(limit), Some(memsw)) = (
-                read(d, "memory.memsw.limit_in_bytes"),
-                read(d, "memory.memsw.usage_in_bytes"),
-            ) {
-                // Swap counts against it too: memsw usage less the clean
-                // cache, as in `used`.
-                let usage = read(d, "memory.usage_in_bytes").unwrap_or(0);
-                let swap = memsw.saturating_sub(usage);
-                chain.push(ChainLimit {
-                    cgroup: d.to_path_buf(),
-                    bytes: limit,
-                    used: used + swap,
-                });
-            }
-        }
+        let limits = shared.levels.entry(d.to_path_buf()).or_insert_with(|| {
+            super::memory::unreclaimable(d)
+                .ok()
+                .map(|used| level(d, used))
+                .unwrap_or_default()
+        });
+        chain.extend(limits.iter().cloned());
         dir = d.parent();
     }
     let own_max = chain
@@ -90,8 +78,54 @@ pub(crate) fn limit_chain(cgroup: &Path, root: &Path) -> (Vec<ChainLimit>, Optio
         .filter(|l| l.cgroup == cgroup)
         .map(|l| l.bytes)
         .min();
-    let high = read(cgroup, "memory.high").filter(|&h| own_max.is_some_and(|m| h < m));
+    let high = read_limit(cgroup, "memory.high").filter(|&h| own_max.is_some_and(|m| h < m));
     (chain, high)
+}
+
+/// The ancestors' limits read in one round, by cgroup.
+#[derive(Debug, Default)]
+pub(crate) struct ChainShared {
+    levels: std::collections::HashMap<PathBuf, Vec<ChainLimit>>,
+}
+
+/// A finite limit in `file` of `dir` (none when unreadable or unlimited).
+fn read_limit(dir: &Path, file: &str) -> Option<u64> {
+    let text = fs::read_to_string(dir.join(file)).ok()?;
+    text.trim().parse().ok().filter(|&v| v < UNLIMITED)
+}
+
+/// `dir`'s own finite limits, `used` (its unreclaimable memory) against
+/// each.
+fn level(dir: &Path, used: u64) -> Vec<ChainLimit> {
+    let mut limits = Vec::new();
+    for limit in [
+        read_limit(dir, "memory.limit_in_bytes"),
+        read_limit(dir, "memory.max"),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        limits.push(ChainLimit {
+            cgroup: dir.to_path_buf(),
+            bytes: limit,
+            used,
+        });
+    }
+    if let (Some(limit), Some(memsw)) = (
+        read_limit(dir, "memory.memsw.limit_in_bytes"),
+        read_limit(dir, "memory.memsw.usage_in_bytes"),
+    ) {
+        // Swap counts against it too: memsw usage less the clean cache, as
+        // in `used`.
+        let usage = read_limit(dir, "memory.usage_in_bytes").unwrap_or(0);
+        let swap = memsw.saturating_sub(usage);
+        limits.push(ChainLimit {
+            cgroup: dir.to_path_buf(),
+            bytes: limit,
+            used: used + swap,
+        });
+    }
+    limits
 }
 
 /// The cgroup has a finite limit and its peak usage reached it.
@@ -205,6 +239,46 @@ mod tests {
         );
     }
 
+    /// The chain of one cgroup, alone in its round.
+    fn chain_of(cgroup: &Path, root: &Path) -> (Vec<ChainLimit>, Option<u64>) {
+        let used = crate::cgroup::memory::unreclaimable(cgroup).unwrap();
+        limit_chain(cgroup, used, root, &mut ChainShared::default())
+    }
+
+    /// Two tasks of one worker in one round: the worker's figures are read
+    /// once, for the first; the second gets the same (a change between
+    /// them is seen next round).
+    #[test]
+    fn an_ancestor_is_read_once_per_round() {
+        let root = tempfile::tempdir().unwrap();
+        let worker = cgroup(
+            root.path(),
+            "w",
+            &[
+                ("memory.limit_in_bytes", 512 * MIB),
+                ("memory.usage_in_bytes", 300 * MIB),
+            ],
+        );
+        fs::write(worker.join("memory.stat"), "").unwrap();
+        let mut shared = ChainShared::default();
+        let of = |task: &str, shared: &mut ChainShared| {
+            let dir = cgroup(root.path(), task, &[("memory.usage_in_bytes", MIB)]);
+            fs::write(dir.join("memory.stat"), "").unwrap();
+            limit_chain(&dir, MIB, root.path(), shared).0
+        };
+        let first = of("w/t1", &mut shared);
+        fs::write(
+            worker.join("memory.usage_in_bytes"),
+            (400 * MIB).to_string(),
+        )
+        .unwrap();
+        let second = of("w/t2", &mut shared);
+        assert_eq!(first.last(), second.last());
+        assert_eq!(second.last().map(|l| l.used), Some(300 * MIB));
+        let next_round = of("w/t2", &mut ChainShared::default());
+        assert_eq!(next_round.last().map(|l| l.used), Some(400 * MIB));
+    }
+
     #[test]
     fn the_chain_has_every_finite_limit_up_to_the_root_and_high_below_max() {
         let root = tempfile::tempdir().unwrap();
@@ -235,7 +309,7 @@ mod tests {
             ],
         );
         stat(&child, 50 * MIB);
-        let (chain, high) = limit_chain(&child, root.path());
+        let (chain, high) = chain_of(&child, root.path());
         assert_eq!(
             chain,
             vec![
@@ -259,7 +333,7 @@ mod tests {
         fs::write(dir.join("memory.current"), "104857600\n").unwrap();
         fs::write(dir.join("memory.high"), "241172480\n").unwrap();
         fs::write(dir.join("memory.stat"), "anon 104857600\n").unwrap();
-        let (chain, high) = limit_chain(&dir, root.path());
+        let (chain, high) = chain_of(&dir, root.path());
         assert_eq!(
             chain,
             vec![ChainLimit {
@@ -270,7 +344,7 @@ mod tests {
         );
         assert_eq!(high, Some(230 * MIB), "memory.high below memory.max");
         fs::write(dir.join("memory.high"), "max\n").unwrap();
-        assert_eq!(limit_chain(&dir, root.path()).1, None);
+        assert_eq!(chain_of(&dir, root.path()).1, None);
     }
 
     #[test]

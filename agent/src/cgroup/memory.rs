@@ -16,6 +16,17 @@ pub fn working_set(cgroup: &Path) -> io::Result<u64> {
     Ok(usage.saturating_sub(inactive))
 }
 
+/// The cgroup's usage (`memory.current`, v1 `memory.usage_in_bytes`): one
+/// small read, file cache included.
+pub(crate) fn usage(cgroup: &Path) -> io::Result<u64> {
+    match read_u64(&cgroup.join("memory.current")) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            read_u64(&cgroup.join("memory.usage_in_bytes"))
+        }
+        read => read,
+    }
+}
+
 /// What reclaim cannot free: usage minus clean page cache (active and
 /// inactive file not dirty or under writeback), and minus reclaimable slab
 /// on v2. Without swap this is what a limit kills for; page cache that the

@@ -47,6 +47,22 @@ pub(crate) trait MemoryReader: Send + Sync {
         let _ = (cgroup, root);
         None
     }
+    /// A cgroup's usage, file cache included: one small read that tells
+    /// whether its predictor figures can have moved since they were read.
+    /// `None` (the default): read them again.
+    fn cgroup_usage(&self, cgroup: &Path) -> Option<u64> {
+        let _ = cgroup;
+        None
+    }
+    /// [`predict_figures`](Self::predict_figures) of each of `cgroups`, in
+    /// order, as one round: what they share (an ancestor's limits, the
+    /// host's memory) may be read once for all.
+    fn predict_figures_all(&self, cgroups: &[&Path], root: &Path) -> Vec<Option<PredictFigures>> {
+        cgroups
+            .iter()
+            .map(|c| self.predict_figures(c, root))
+            .collect()
+    }
 }
 
 /// What [`MemoryReader::predict_figures`] reads of one cgroup.
@@ -132,18 +148,34 @@ impl MemoryReader for SystemReader {
     }
 
     fn predict_figures(&self, cgroup: &Path, root: &Path) -> Option<PredictFigures> {
-        let unreclaimable = memory::unreclaimable(cgroup).ok()?;
-        let (limits, high) = limits::limit_chain(cgroup, root);
+        self.predict_figures_all(&[cgroup], root).pop().flatten()
+    }
+
+    fn cgroup_usage(&self, cgroup: &Path) -> Option<u64> {
+        memory::usage(cgroup).ok()
+    }
+
+    /// The host's memory is read once, and each ancestor's limits once, for
+    /// the whole round (a worker's thousands of task cgroups share both).
+    fn predict_figures_all(&self, cgroups: &[&Path], root: &Path) -> Vec<Option<PredictFigures>> {
         let host = procfs::Meminfo::current().ok().map(|info| {
             let available = info.mem_available.unwrap_or(info.mem_free);
             (info.mem_total, info.mem_total.saturating_sub(available))
         });
-        Some(PredictFigures {
-            unreclaimable,
-            limits,
-            high,
-            host,
-        })
+        let mut shared = limits::ChainShared::default();
+        cgroups
+            .iter()
+            .map(|cgroup| {
+                let unreclaimable = memory::unreclaimable(cgroup).ok()?;
+                let (limits, high) = limits::limit_chain(cgroup, unreclaimable, root, &mut shared);
+                Some(PredictFigures {
+                    unreclaimable,
+                    limits,
+                    high,
+                    host,
+                })
+            })
+            .collect()
     }
 }
 
@@ -499,6 +531,12 @@ pub(crate) mod fake {
                 .unwrap()
                 .push(cgroup.to_path_buf());
             self.predict.lock().unwrap().get(cgroup).cloned()
+        }
+
+        /// The figures' unreclaimable bytes stand for the usage (no cache).
+        fn cgroup_usage(&self, cgroup: &Path) -> Option<u64> {
+            let figures = self.predict.lock().unwrap();
+            figures.get(cgroup).map(|f| f.unreclaimable)
         }
 
         fn host_pressure(&self) -> Option<Pressure> {

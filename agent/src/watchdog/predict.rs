@@ -330,7 +330,7 @@ fn lower_envelope(points: &[(f64, f64)], teeth: &Teeth) -> Vec<(f64, f64)> {
 
 /// A fall below the running peak at `level` bytes smaller than this is
 /// noise, not a drop.
-fn drop_size(level: f64) -> f64 {
+pub(crate) fn drop_size(level: f64) -> f64 {
     (level * DROP_FRACTION).max(DROP_MIN_BYTES as f64)
 }
 
@@ -409,9 +409,13 @@ impl LimitFields {
     }
 }
 
-/// Within half of a limit: the cgroup is worth sampling fast.
+/// Within half of a cgroup limit: the cgroup is worth sampling fast. The
+/// host's memory is not counted: half of it used would make every
+/// followed cgroup "near" (it still counts in the prediction).
 pub(crate) fn near_a_limit(limits: &[Limit]) -> bool {
-    limits.iter().any(|l| l.used.saturating_mul(2) >= l.bytes)
+    limits
+        .iter()
+        .any(|l| l.owner != LimitOwner::Host && l.used.saturating_mul(2) >= l.bytes)
 }
 
 #[cfg(test)]

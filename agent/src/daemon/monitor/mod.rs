@@ -62,6 +62,9 @@ pub(crate) struct Monitor {
     rounds: AtomicU64,
     /// Cgroups within half of a limit at the last tick: sampled fast.
     near: Mutex<std::collections::HashSet<PathBuf>>,
+    /// The last full predictor reading of each cgroup far from its limits
+    /// (predict.rs: reused while its usage stays put).
+    kept: Mutex<HashMap<PathBuf, predict::Kept>>,
     /// Held for the outbox (SQLite) writes of a decision, taken before the
     /// watchdog's lock is let go: the writes never hold the watchdog (the
     /// API, /health and the sampling loop wait on it), and those of two
@@ -103,6 +106,7 @@ impl Monitor {
             kernel_figures: Mutex::default(),
             rounds: AtomicU64::new(0),
             near: Mutex::default(),
+            kept: Mutex::default(),
             writes: Mutex::default(),
         };
         monitor.publish_gauges(&monitor.lock());

@@ -1,30 +1,128 @@
 //! Feeding the kill predictor: every followed cgroup on the sampler's tick,
 //! and those within half of a limit ten times a second in between.
+//!
+//! Far from its limits a cgroup costs one small read a tick (its usage):
+//! its full figures (`memory.stat`, every limit above it) are read again
+//! when that usage moved by a drop's size (1 MiB, 2 %), when it comes
+//! within a tenth of a limit (page cache may hide anonymous growth at a
+//! pinned usage), and every [`REREAD_EVERY`] ticks; in between the last
+//! figures stand. A worker's thousands of idle task cgroups so cost what
+//! the sampler's own reads cost, not a `memory.stat` and a walk up the
+//! hierarchy each a second.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    sync::atomic::Ordering,
+    time::Duration,
+};
 
 use tokio::time::Instant;
 
 use super::Monitor;
-use crate::watchdog::{
-    imminent::Reading,
-    policy::Sample,
-    predict::{Limit, LimitOwner, near_a_limit},
+use crate::{
+    daemon::sampler::PredictFigures,
+    watchdog::{
+        imminent::Reading,
+        policy::Sample,
+        predict::{Limit, LimitOwner, drop_size, near_a_limit},
+    },
 };
 
 /// How often a cgroup within half of a limit is sampled.
 pub(crate) const FAST_INTERVAL: Duration = Duration::from_millis(100);
+/// A far cgroup whose usage stays put is read in full this often (ticks).
+pub(crate) const REREAD_EVERY: u64 = 10;
+
+/// A far cgroup's last full reading: its figures, its usage then, and the
+/// tick it was made in.
+#[derive(Clone, Debug)]
+pub(crate) struct Kept {
+    figures: PredictFigures,
+    usage: u64,
+    round: u64,
+}
+
+impl Kept {
+    /// Whether `usage` (read now) may mean other figures: it moved by a
+    /// drop's size, or sits within a tenth of a limit.
+    fn moved(&self, usage: u64) -> bool {
+        let near_limit = self
+            .figures
+            .limits
+            .iter()
+            .any(|l| usage.saturating_mul(10) >= l.bytes.saturating_mul(9));
+        usage.abs_diff(self.usage) as f64 >= drop_size(self.usage as f64) || near_limit
+    }
+}
 
 impl Monitor {
+    /// Each target's figures: read in full on a fast tick (all are near a
+    /// limit), and on a full tick for those near a limit, new, moved, or
+    /// last read [`REREAD_EVERY`] ticks ago; the kept ones otherwise.
+    fn figures(&self, targets: &[&Path], all: bool) -> Vec<Option<PredictFigures>> {
+        let round = self.rounds.load(Ordering::Relaxed);
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = |c: &Path| {
+            let k = kept.get(c)?;
+            if !all || round.saturating_sub(k.round) >= REREAD_EVERY {
+                return None;
+            }
+            let usage = self.reader.cgroup_usage(c)?;
+            (!k.moved(usage)).then(|| k.figures.clone())
+        };
+        let mut figures: Vec<Option<Option<PredictFigures>>> =
+            targets.iter().map(|c| fresh(c).map(Some)).collect();
+        let stale: Vec<&Path> = targets
+            .iter()
+            .zip(&figures)
+            .filter(|(_, f)| f.is_none())
+            .map(|(c, _)| *c)
+            .collect();
+        let mut read = self
+            .reader
+            .predict_figures_all(&stale, &self.cgroup_root())
+            .into_iter();
+        for (c, f) in targets.iter().zip(figures.iter_mut()) {
+            if f.is_some() {
+                continue;
+            }
+            let got = read.next().flatten();
+            kept.remove(*c);
+            let far =
+                |g: &&PredictFigures| !g.limits.iter().any(|l| l.used.saturating_mul(2) >= l.bytes);
+            if let Some(g) = got.as_ref().filter(|g| all && far(g))
+                && let Some(usage) = self.reader.cgroup_usage(c)
+            {
+                kept.insert(
+                    c.to_path_buf(),
+                    Kept {
+                        figures: g.clone(),
+                        usage,
+                        round,
+                    },
+                );
+            }
+            *f = Some(got);
+        }
+        if all {
+            let followed: HashSet<&Path> = targets.iter().copied().collect();
+            kept.retain(|c, _| followed.contains(c.as_path()));
+        }
+        figures.into_iter().map(Option::flatten).collect()
+    }
+
     /// Readings of `targets` (cgroup, worker, task); remembers which are near
     /// a limit when `all` (a full tick), for [`Monitor::fast_tick`].
     fn readings(&self, targets: Vec<(PathBuf, String, Option<String>)>, all: bool) -> Vec<Reading> {
-        let root = self.cgroup_root();
         let mut near = Vec::new();
+        let paths: Vec<&Path> = targets.iter().map(|(c, _, _)| c.as_path()).collect();
+        let figures = self.figures(&paths, all);
         let readings: Vec<Reading> = targets
             .into_iter()
-            .filter_map(|(cgroup, worker, task_id)| {
-                let f = self.reader.predict_figures(&cgroup, &root)?;
+            .zip(figures)
+            .filter_map(|((cgroup, worker, task_id), f)| {
+                let f = f?;
                 let host = f.host.map(|(bytes, used)| Limit {
                     owner: LimitOwner::Host,
                     bytes,
@@ -53,11 +151,11 @@ impl Monitor {
                 })
             })
             .collect();
-        let mut kept = self.near.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fast = self.near.lock().unwrap_or_else(|e| e.into_inner());
         if all {
-            *kept = near.into_iter().collect();
+            *fast = near.into_iter().collect();
         } else {
-            kept.retain(|c| near.contains(c));
+            fast.retain(|c| near.contains(c));
         }
         readings
     }
@@ -259,5 +357,69 @@ mod tests {
         assert!(error.abs() <= 0.25 * lead, "error {error}, lead {lead}");
         assert_eq!(metrics.predict_lead.get_sample_count(), 1);
         assert_eq!(metrics.predict_eta_error.get_sample_count(), 1);
+    }
+
+    /// 50 idle task cgroups far from their limits: each read in full on
+    /// its first tick and every REREAD_EVERY ticks after, not every tick;
+    /// one whose usage moves is read in full at the next tick, and the
+    /// others are not.
+    #[tokio::test(start_paused = true)]
+    async fn idle_far_cgroups_are_read_in_full_only_every_tenth_tick_unless_they_move() {
+        let root = tempfile::tempdir().unwrap();
+        let reader = Arc::new(FakeReader::default());
+        let (m, _) = monitor(root.path(), reader.clone());
+        let figures = |cgroup: &Path, used: u64| PredictFigures {
+            unreclaimable: used,
+            limits: vec![ChainLimit {
+                cgroup: cgroup.to_path_buf(),
+                bytes: LIMIT,
+                used,
+            }],
+            high: None,
+            host: None,
+        };
+        let cgroups: Vec<PathBuf> = (0..50).map(|i| root.path().join(format!("t{i}"))).collect();
+        for (i, cgroup) in cgroups.iter().enumerate() {
+            m.register(TaskRequest {
+                task_id: format!("t{i}"),
+                worker: None,
+                source: Some(MemorySource::Cgroup(cgroup.clone())),
+                soft_cap: None,
+                owner: ANONYMOUS.into(),
+            })
+            .unwrap();
+            reader
+                .predict
+                .lock()
+                .unwrap()
+                .insert(cgroup.clone(), figures(cgroup, 10 * MIB));
+        }
+        // Read in full at rounds 1, 11, 21 and 31.
+        let ticks = 3 * REREAD_EVERY + 1;
+        for _ in 0..ticks {
+            m.tick();
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let reads = std::mem::take(&mut *reader.predict_reads.lock().unwrap());
+        for cgroup in &cgroups {
+            let n = reads.iter().filter(|c| *c == cgroup).count() as u64;
+            assert_eq!(n, 4, "{} read {n} times in {ticks} ticks", cgroup.display());
+        }
+        // t0 grows by 4 MiB (more than a drop's 1 MiB): read at once.
+        let t0 = &cgroups[0];
+        reader
+            .predict
+            .lock()
+            .unwrap()
+            .insert(t0.clone(), figures(t0, 14 * MIB));
+        m.tick();
+        let reads = std::mem::take(&mut *reader.predict_reads.lock().unwrap());
+        assert_eq!(
+            reads,
+            vec![t0.clone()],
+            "only the cgroup that moved is read again"
+        );
+        let status = m.tasks();
+        assert!(status.iter().any(|t| t.task_id == "t0"), "{status:?}");
     }
 }

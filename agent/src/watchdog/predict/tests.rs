@@ -272,6 +272,15 @@ fn near_a_limit_is_within_half_of_any() {
     assert!(!near_a_limit(&own(LIMIT / 2 - 1)));
     assert!(near_a_limit(&own(LIMIT / 2)));
     assert!(!near_a_limit(&[]));
+    let host = |used| Limit {
+        owner: LimitOwner::Host,
+        bytes: LIMIT,
+        used,
+    };
+    assert!(
+        !near_a_limit(&[host(LIMIT - 1)]),
+        "the host's memory is not"
+    );
 }
 
 #[test]
