@@ -110,6 +110,11 @@ impl Series {
     /// `high` is the cgroup's `memory.high` when it sits below its limits.
     pub(crate) fn predict(&self, limits: &[Limit], high: Option<u64>) -> Option<Prediction> {
         let last = self.last()?;
+        // A series that never moved grows at no rate: no fit (the idle task
+        // cgroups of a busy worker are most of what is followed).
+        if self.samples.iter().all(|&(_, b)| b == last) {
+            return None;
+        }
         let throttled = high.is_some_and(|h| last >= h);
         // Above memory.high the kernel slows growth: only the samples since
         // the last crossing show the rate that will carry on.
