@@ -17,11 +17,20 @@ pub fn working_set(cgroup: &Path) -> io::Result<u64> {
 }
 
 /// The cgroup's usage (`memory.current`, v1 `memory.usage_in_bytes`): one
-/// small read, file cache included.
+/// small read, file cache included. The file that answered last is tried
+/// first (one open a call, not a failed one before it, on either version).
 pub(crate) fn usage(cgroup: &Path) -> io::Result<u64> {
-    match read_u64(&cgroup.join("memory.current")) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static V1_FIRST: AtomicBool = AtomicBool::new(false);
+    let files = ["memory.current", "memory.usage_in_bytes"];
+    let first = usize::from(V1_FIRST.load(Ordering::Relaxed));
+    match read_u64(&cgroup.join(files[first])) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            read_u64(&cgroup.join("memory.usage_in_bytes"))
+            let read = read_u64(&cgroup.join(files[1 - first]));
+            if read.is_ok() {
+                V1_FIRST.store(first == 0, Ordering::Relaxed);
+            }
+            read
         }
         read => read,
     }
@@ -76,11 +85,23 @@ pub(crate) fn stat_value(stat: &str, key: &str) -> Option<u64> {
 }
 
 fn read_u64(path: &Path) -> io::Result<u64> {
-    let text = fs::read_to_string(path)?;
+    // A number of at most 20 digits: read into a small buffer, without the
+    // size query (an fstat) of `fs::read_to_string`.
+    use std::io::Read as _;
+    let mut buf = [0u8; 32];
+    let mut file = fs::File::open(path)?;
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..])? {
+            0 => break,
+            n => len += n,
+        }
+    }
+    let text = std::str::from_utf8(&buf[..len]).unwrap_or_default();
     text.trim().parse().map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{}: {e}", path.display()),
+            format!("{}: {e} ({text:?})", path.display()),
         )
     })
 }
@@ -121,6 +142,27 @@ mod tests {
 
         let dir = v2_cgroup("2000\n", "anon 1500\ninactive_file 500\n");
         assert_eq!(working_set(dir.path()).unwrap(), 1500);
+    }
+
+    /// v1 and v2 cgroups in turn, either first: each read gives its own
+    /// file's number.
+    #[test]
+    fn usage_reads_whichever_file_the_version_has() {
+        let root = tempfile::tempdir().unwrap();
+        let v1 = root.path().join("v1");
+        let v2 = root.path().join("v2");
+        fs::create_dir_all(&v1).unwrap();
+        fs::create_dir_all(&v2).unwrap();
+        fs::write(v1.join("memory.usage_in_bytes"), "4096\n").unwrap();
+        fs::write(v2.join("memory.current"), "8192\n").unwrap();
+        for _ in 0..2 {
+            assert_eq!(usage(&v1).unwrap(), 4096);
+            assert_eq!(usage(&v2).unwrap(), 8192);
+        }
+        assert!(usage(root.path()).is_err(), "neither file");
+        fs::write(v1.join("memory.usage_in_bytes"), "not a number\n").unwrap();
+        let error = usage(&v1).unwrap_err().to_string();
+        assert!(error.contains("memory.usage_in_bytes"), "{error}");
     }
 
     #[test]
