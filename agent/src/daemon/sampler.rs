@@ -158,6 +158,11 @@ impl MemoryReader for SystemReader {
     /// The host's memory is read once, and each ancestor's limits once, for
     /// the whole round (a worker's thousands of task cgroups share both).
     fn predict_figures_all(&self, cgroups: &[&Path], root: &Path) -> Vec<Option<PredictFigures>> {
+        // Nothing to read (no cgroup followed, or every one kept): not even
+        // the host's memory.
+        if cgroups.is_empty() {
+            return Vec::new();
+        }
         let host = procfs::Meminfo::current().ok().map(|info| {
             let available = info.mem_available.unwrap_or(info.mem_free);
             (info.mem_total, info.mem_total.saturating_sub(available))
