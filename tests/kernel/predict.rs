@@ -23,11 +23,16 @@ async fn leak_until_killed(agent: &Agent, cgroup: &Path, mib: u64) -> (Event, Ve
         .spawn()
         .expect("spawn memhog");
     let pid = child.id();
+    let cgroup = cgroup.to_str().expect("UTF-8 cgroup path");
     // Generous: the leak takes ~26 s when the machine keeps up; a loaded
-    // one only makes it slower, which makes the warning earlier.
+    // one only makes it slower, which makes the warning earlier. The kill
+    // in this cgroup: every agent reports every kill on the host, and the
+    // other tests of this binary run beside this one.
     let kill = agent
         .poll_event(Duration::from_secs(240), Duration::from_millis(100), |e| {
-            e.body.kind == EventKind::OomKill && e.body.pid.is_some()
+            e.body.kind == EventKind::OomKill
+                && e.body.pid.is_some()
+                && e.body.cgroup.as_deref() == Some(cgroup)
         })
         .await;
     let _ = child.kill();
@@ -38,7 +43,6 @@ async fn leak_until_killed(agent: &Agent, cgroup: &Path, mib: u64) -> (Event, Ve
             agent.log_text()
         );
     };
-    let cgroup = cgroup.to_str().expect("UTF-8 cgroup path");
     let imminent = agent
         .events(0)
         .await
