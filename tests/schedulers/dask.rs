@@ -455,11 +455,7 @@ async fn dask_worker_whose_kill_is_predicted_is_retired_and_its_results_survive(
         with.events
     );
     assert!(
-        of_kind(&with.events, EventKind::OomKill)
-            .into_iter()
-            .filter(w1)
-            .next()
-            .is_none(),
+        !of_kind(&with.events, EventKind::OomKill).iter().any(w1),
         "w1 was killed all the same: {:#?}",
         with.events
     );
