@@ -186,6 +186,13 @@ impl Core {
                     mem.pending.drain(..batch.len());
                     mem.kept.drain(..kept.len());
                     self.room.notify_all();
+                    // Told while the count is still held: whoever reads
+                    // `stored` then the newest seq never sees them disagree.
+                    self.newest.send_if_modified(|newest| {
+                        let grew = last > *newest;
+                        *newest = (*newest).max(last);
+                        grew
+                    });
                     if mem.persist_error.take().is_some() {
                         info!(
                             events = batch.len(),
@@ -206,11 +213,6 @@ impl Core {
         if last > 0 {
             self.metrics.timeline.stored(last);
         }
-        self.newest.send_if_modified(|newest| {
-            let grew = last > *newest;
-            *newest = (*newest).max(last);
-            grew
-        });
         if over > 0 || over_bytes > 0 {
             match store.remove_in_drop_order(over, over_bytes) {
                 Ok((seqs, freed)) => self.removed(store, &seqs, Some(freed), "outbox_full"),
