@@ -54,6 +54,8 @@ pub struct GrowthSettings {
     /// CPU before it is resolved again (a task moved to another cgroup is
     /// followed at most this late).
     pub resolve_ns: u64,
+    /// At most one [`GrowthRecord::SAMPLE`] per watched cgroup this often.
+    pub sample_ns: u64,
 }
 
 impl GrowthSettings {
@@ -64,17 +66,26 @@ impl GrowthSettings {
         check_pages: 64,
         hysteresis_permille: 50,
         resolve_ns: 10_000_000,
+        // Just under the predictor's 100 ms near a limit: each of its
+        // intervals sees a sample while the cgroup grows.
+        sample_ns: 90_000_000,
     };
 }
 
-/// A cgroup user space watches: its soft cap in pages (0: none). The
-/// `generation` changes whenever user space rewrites the entry, so the
-/// kernel side re-reads it.
+/// A cgroup user space watches: its soft cap in pages (0: none), and how
+/// far its usage moves before the kernel says so in a sample. The
+/// `generation` changes whenever user space hands the cap again, so the
+/// kernel side re-reads it (and says again that it is above it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WatchedCgroup {
     pub soft_cap_pages: u64,
     pub generation: u64,
+    /// A [`GrowthRecord::SAMPLE`] each time the usage moved (up or down)
+    /// by at least this many pages since the last one, at most one per
+    /// [`GrowthSettings::sample_ns`] (0: no samples). Read at every check:
+    /// changing it needs no new generation.
+    pub sample_pages: u64,
 }
 
 /// Tasks one CPU's fast path remembers (a task and the one it switches
@@ -114,7 +125,8 @@ pub struct FastPath {
 pub struct GrowthRecord {
     /// [`RecordKind::Growth`].
     pub kind: u32,
-    /// [`GrowthRecord::ABOVE_CAP`], [`GrowthRecord::BELOW_CAP`] or [`GrowthRecord::STEP`].
+    /// [`GrowthRecord::ABOVE_CAP`], [`GrowthRecord::BELOW_CAP`],
+    /// [`GrowthRecord::STEP`] or [`GrowthRecord::SAMPLE`].
     pub line: u32,
     /// kernfs id of the memory cgroup.
     pub memcg_id: u64,
@@ -130,6 +142,9 @@ impl GrowthRecord {
     pub const ABOVE_CAP: u32 = 1;
     pub const BELOW_CAP: u32 = 2;
     pub const STEP: u32 = 3;
+    /// The usage moved by the cgroup's `sample_pages` (the kill
+    /// predictor follows it).
+    pub const SAMPLE: u32 = 4;
 }
 
 /// Program names (the Rust function names in agent-ebpf): each attach
@@ -476,6 +491,14 @@ mod tests {
     fn kernel_offsets_layout_has_no_padding() {
         assert_eq!(size_of::<KernelOffsets>(), 22 * 4);
         assert_eq!(offset_of!(KernelOffsets, valid), 18 * 4);
+    }
+
+    #[test]
+    fn watched_and_settings_layouts_have_no_padding() {
+        assert_eq!(size_of::<WatchedCgroup>(), 3 * 8);
+        assert_eq!(offset_of!(WatchedCgroup, sample_pages), 16);
+        assert_eq!(size_of::<GrowthSettings>(), 8 + 4 + 4 + 8 + 8);
+        assert_eq!(offset_of!(GrowthSettings, sample_ns), 24);
     }
 
     #[test]

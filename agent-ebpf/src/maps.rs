@@ -85,6 +85,10 @@ pub struct MemcgState {
     pub next_step: u64,
     /// 1 while above the cap (re-armed below the hysteresis line).
     pub above: u64,
+    /// The usage (pages) at the last sample, or at the first look.
+    pub sampled_usage: u64,
+    /// When the last sample was sent (`bpf_ktime_get_ns`; 0: never).
+    pub sampled_ns: u64,
 }
 
 /// Reads a `T` at `base + offset` in kernel memory.

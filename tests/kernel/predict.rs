@@ -8,7 +8,7 @@
 use std::{path::Path, time::Duration};
 
 use memwatch::{Event, EventKind};
-use memwatch_test_support::memhog::RATE_ENV;
+use memwatch_test_support::{memhog::RATE_ENV, metrics::metric};
 use memwatch_tests::{agent::Agent, cgroup::TestCgroup, kernel_tests_enabled, memhog_in};
 
 const MIB: u64 = 1 << 20;
@@ -117,6 +117,18 @@ async fn a_steady_leak_is_warned_of_seconds_before_the_real_kill() {
         metrics.contains("memwatch_predict_lead_seconds_count 1"),
         "{metrics}"
     );
+    // With the growth program attached, the predictor read the cgroup
+    // when the kernel's samples said it moved, not by asking it.
+    if metric(&metrics, "memwatch_probe_growth_runs_total").unwrap_or(0.0) > 0.0 {
+        let samples = metric(&metrics, r#"memwatch_growth_lines_total{line="sample"}"#);
+        let kernel = metric(&metrics, r#"memwatch_predict_reads_total{why="kernel"}"#);
+        let polled = metric(&metrics, r#"memwatch_predict_reads_total{why="poll"}"#);
+        eprintln!("kernel samples {samples:?}, reads on a sample {kernel:?}, polled {polled:?}");
+        // ~26 s of leak, near the limit (over half) for ~13 s of it.
+        assert!(samples.unwrap_or(0.0) >= 50.0, "samples {samples:?}\n{metrics}");
+        assert!(kernel.unwrap_or(0.0) >= 50.0, "reads {kernel:?}\n{metrics}");
+        assert_eq!(polled, None, "nothing polled while the kernel follows it");
+    }
 }
 
 /// A job cgroup with a limit of its own of 1 GiB inside a worker limited

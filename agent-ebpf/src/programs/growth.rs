@@ -13,7 +13,11 @@
 //! usage of the cgroup and of each ancestor, and sends a record only when
 //! one crosses a line: its soft cap (from the WATCHED map), back below it
 //! (hysteresis), or another growth step. The kernel keeps the figures; user
-//! space hears of lines crossed, never of pages.
+//! space hears of lines crossed, never of pages. For the cgroups the kill
+//! predictor follows, a sample too each time the usage moved by the
+//! cgroup's `sample_pages` (at most one per `sample_ns`): the predictor
+//! reads a cgroup when the kernel says it moved, not every cgroup at
+//! every tick.
 
 use agent_common::{
     FAST_SLOTS, FastSlot, GrowthRecord, KernelOffsets, ProbeCounter, RecordKind, WatchedCgroup,
@@ -164,7 +168,7 @@ fn check(memcg: *const u8, off: &KernelOffsets) -> Result<(), i32> {
         // SAFETY: reading a field of a live LRU map element.
         Some(state) if unsafe { (*state).id } == id => state,
         _ => {
-            let fresh = first_look(id, usage, settings.step_pages);
+            let fresh = first_look(id, usage, settings.step_pages, now_ns());
             MEMCG_STATE.insert(key, fresh, 0).map_err(|_| 3)?;
             return Ok(());
         }
@@ -173,7 +177,15 @@ fn check(memcg: *const u8, off: &KernelOffsets) -> Result<(), i32> {
     // CPUs race only on these plain counters, and a lost update at worst
     // repeats or skips one record.
     let state = unsafe { &mut *state };
-    refresh_cap(state);
+    let sample_pages = refresh_cap(state);
+    if sample_pages > 0 && usage.abs_diff(state.sampled_usage) >= sample_pages {
+        let now = now_ns();
+        if now.wrapping_sub(state.sampled_ns) >= settings.sample_ns {
+            state.sampled_usage = usage;
+            state.sampled_ns = now;
+            send(state, GrowthRecord::SAMPLE, usage);
+        }
+    }
     if state.cap_pages > 0 {
         let cap = state.cap_pages;
         let rearm = cap * (1000 - settings.hysteresis_permille as u64) / 1000;
@@ -214,13 +226,17 @@ fn memcg_id(memcg: *const u8, off: &KernelOffsets) -> Result<u64, i32> {
 
 /// A cgroup seen for the first time: its cap and where it stands. A
 /// watched cgroup already over its cap says so at once.
-fn first_look(id: u64, usage: u64, step: u64) -> MemcgState {
+/// Its usage now is where its samples start from (user space reads a
+/// cgroup in full when it starts following it).
+fn first_look(id: u64, usage: u64, step: u64, now: u64) -> MemcgState {
     let mut state = MemcgState {
         id,
         cap_pages: 0,
         generation: 0,
         next_step: next_step(usage, step).unwrap_or(u64::MAX),
         above: 0,
+        sampled_usage: usage,
+        sampled_ns: now,
     };
     refresh_cap(&mut state);
     if state.cap_pages > 0 && usage > state.cap_pages {
@@ -230,17 +246,27 @@ fn first_look(id: u64, usage: u64, step: u64) -> MemcgState {
     state
 }
 
-/// Re-reads the cap when user space rewrote (or removed) the entry.
+/// Re-reads the cap when user space handed it again (or removed the
+/// entry), and returns the entry's sample size (0: not sampled).
 #[inline(always)]
-fn refresh_cap(state: &mut MemcgState) {
+fn refresh_cap(state: &mut MemcgState) -> u64 {
     // SAFETY: a read-only look at a map value.
     let watched: Option<&WatchedCgroup> = unsafe { WATCHED.get(state.id) };
-    let (cap, generation) = watched.map_or((0, 0), |w| (w.soft_cap_pages, w.generation));
+    let (cap, generation, sample) = watched.map_or((0, 0, 0), |w| {
+        (w.soft_cap_pages, w.generation, w.sample_pages)
+    });
     if generation != state.generation {
         state.generation = generation;
         state.cap_pages = cap;
         state.above = 0;
     }
+    sample
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
 }
 
 fn send(state: &MemcgState, line: u32, usage: u64) {

@@ -1,17 +1,19 @@
-//! The soft caps the kernel holds (the probe's WATCHED map), keyed by
-//! worker (`worker:<name>`) or task id, and the usage the kernel last
-//! reported for each; a cap crossed in the kernel wakes the sampling loop.
+//! What the kernel watches of each memory cgroup (the probe's WATCHED
+//! map): the soft caps, keyed by worker (`worker:<name>`) or task id, with
+//! the usage the kernel last reported for each (a cap crossed in the
+//! kernel wakes the sampling loop); and the cgroups the kill predictor
+//! follows, by path, with when the kernel last said one moved.
 
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt as _,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard, OnceLock},
 };
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::probe::{GrowthLine, KernelWatch, Line};
+use crate::probe::{GrowthLine, KernelWatch, Line, Watch};
 
 #[derive(Default)]
 pub(crate) struct KernelCaps {
@@ -26,22 +28,33 @@ pub(crate) struct KernelCaps {
 struct Held {
     /// Cgroup id by key.
     ids: HashMap<String, u64>,
-    /// By id of a watched cgroup: how many keys watch it, and its last line.
+    /// Cgroup id of each cgroup the predictor follows.
+    followed: HashMap<PathBuf, u64>,
+    /// By id of a watched cgroup: who watches it and what the kernel said.
     watched: HashMap<u64, Watched>,
     /// When records were last found lost to a full ring buffer: any of
     /// them may have been a line of a watched cgroup.
     lost_at: Option<Instant>,
+    /// The last generation handed out (see [`Watch::generation`]).
+    generation: u64,
 }
 
 #[derive(Default)]
 struct Watched {
+    /// Keys whose cap it is.
     keys: usize,
-    /// The kernel's usage at its last line, when it came, and whether it
-    /// left the cgroup above its cap.
+    /// What the kernel holds of it.
+    watch: Watch,
+    /// The kernel's usage at its last cap or step line, when it came, and
+    /// whether it left the cgroup above its cap.
     last: Option<(u64, Instant, bool)>,
     /// When its cap was last handed to the kernel: it says nothing of the
     /// time before.
     pushed_at: Option<Instant>,
+    /// When the predictor's sample size was last handed to the kernel, and
+    /// when the kernel last sent a sample.
+    followed_at: Option<Instant>,
+    sampled_at: Option<Instant>,
 }
 
 impl KernelCaps {
@@ -59,33 +72,104 @@ impl KernelCaps {
         let (Some(watch), Ok(meta)) = (self.watch.get(), std::fs::metadata(cgroup)) else {
             return;
         };
+        let id = meta.ino();
         // Held before the kernel has the cap, so that no line of it can
-        // come before its cgroup is known here.
-        {
-            let mut held = self.held();
-            if let Some(old) = held.ids.insert(key.to_string(), meta.ino()) {
-                held.unwatch(old);
-            }
-            let watched = held.watched.entry(meta.ino()).or_default();
-            watched.keys += 1;
-            watched.pushed_at = Some(Instant::now());
+        // come before its cgroup is known here; the map is written under
+        // the same lock, so two writes of one id land in the order made.
+        let mut held = self.held();
+        let old = held.ids.insert(key.to_string(), id);
+        if let Some(old) = old.filter(|&old| old != id) {
+            held.unwatch(old, watch.as_ref());
         }
-        watch.set_cap(meta.ino(), Some(cap));
+        held.generation += 1;
+        let generation = held.generation;
+        let watched = held.watched.entry(id).or_default();
+        if old != Some(id) {
+            watched.keys += 1;
+        }
+        watched.pushed_at = Some(Instant::now());
+        watched.watch.cap_bytes = Some(cap);
+        watched.watch.generation = generation;
+        watch.set(id, Some(watched.watch));
     }
 
     /// Takes `key`'s cap back from the kernel.
     pub(crate) fn remove(&self, key: &str) {
-        let id = {
-            let mut held = self.held();
-            let id = held.ids.remove(key);
-            if let Some(id) = id {
-                held.unwatch(id);
-            }
-            id
+        let Some(watch) = self.watch.get() else {
+            return;
         };
-        if let (Some(watch), Some(id)) = (self.watch.get(), id) {
-            watch.set_cap(id, None);
+        let mut held = self.held();
+        if let Some(id) = held.ids.remove(key) {
+            held.unwatch(id, watch.as_ref());
         }
+    }
+
+    /// Asks the kernel for a sample of `cgroup` each time its usage moves
+    /// by `sample_bytes` (the predictor follows it). False when the kernel
+    /// cannot (no probe, or the cgroup is gone): the predictor reads it.
+    pub(crate) fn follow(&self, cgroup: &Path, sample_bytes: u64) -> bool {
+        let Some(watch) = self.watch.get() else {
+            return false;
+        };
+        let known = self.held().followed.get(cgroup).copied();
+        let id = match known {
+            Some(id) => id,
+            None => match std::fs::metadata(cgroup) {
+                Ok(meta) => meta.ino(),
+                Err(_) => return false,
+            },
+        };
+        let mut held = self.held();
+        held.followed.insert(cgroup.to_path_buf(), id);
+        let watched = held.watched.entry(id).or_default();
+        if watched.watch.sample_bytes == Some(sample_bytes) {
+            return true;
+        }
+        watched.watch.sample_bytes = Some(sample_bytes);
+        watched.followed_at = Some(Instant::now());
+        watch.set(id, Some(watched.watch));
+        true
+    }
+
+    /// The predictor no longer follows `cgroup`: no more samples of it.
+    pub(crate) fn unfollow(&self, cgroup: &Path) {
+        let Some(watch) = self.watch.get() else {
+            return;
+        };
+        let mut held = self.held();
+        let Some(id) = held.followed.remove(cgroup) else {
+            return;
+        };
+        held.stop_samples(id, watch.as_ref());
+    }
+
+    /// A cgroup was removed: no path the predictor follows stands for its
+    /// id any more (one made again at the same path has another id, and is
+    /// followed afresh when next read).
+    pub(crate) fn cgroup_removed(&self, id: u64) {
+        let Some(watch) = self.watch.get() else {
+            return;
+        };
+        let mut held = self.held();
+        let before = held.followed.len();
+        held.followed.retain(|_, followed| *followed != id);
+        if held.followed.len() < before {
+            held.stop_samples(id, watch.as_ref());
+        }
+    }
+
+    /// Whether the kernel said `cgroup` moved since `since`: `None` when
+    /// it does not follow it (the caller reads it to know). It moved when
+    /// a sample came after `since`, when its sample size was handed to the
+    /// kernel after it (the kernel's account starts there), or when
+    /// records were lost after it.
+    pub(crate) fn moved_since(&self, cgroup: &Path, since: Instant) -> Option<bool> {
+        self.watch.get()?;
+        let held = self.held();
+        let watched = held.watched.get(held.followed.get(cgroup)?)?;
+        watched.watch.sample_bytes?;
+        let after = |at: Option<Instant>| at.is_some_and(|at| at > since);
+        Some(after(held.lost_at) || after(watched.followed_at) || after(watched.sampled_at))
     }
 
     /// Notified when the kernel saw a cap crossed: sample at once.
@@ -93,12 +177,17 @@ impl KernelCaps {
         self.sample_now.clone()
     }
 
-    /// A line crossed in the kernel: its usage is kept for a watched
+    /// A line crossed in the kernel. A sample marks its cgroup moved for
+    /// the predictor. A cap or step line's usage is kept for a watched
     /// cgroup; a cap crossing (up or down) wakes the sampling loop, so the
     /// checks run within milliseconds instead of at the next tick.
     pub(crate) fn line(&self, line: &GrowthLine) {
         if let Some(watched) = self.held().watched.get_mut(&line.memcg_id) {
             let above = match (line.line, line.cap_bytes) {
+                (Line::Sample, _) => {
+                    watched.sampled_at = Some(Instant::now());
+                    return;
+                }
                 (Line::AboveCap, _) => true,
                 (Line::BelowCap, _) => false,
                 (Line::Step, Some(cap)) => line.usage_bytes > cap,
@@ -153,12 +242,43 @@ impl KernelCaps {
 }
 
 impl Held {
-    fn unwatch(&mut self, id: u64) {
+    /// One key less watches `id`'s cap: the last one takes the cap back.
+    fn unwatch(&mut self, id: u64, watch: &dyn KernelWatch) {
+        let Some(watched) = self.watched.get_mut(&id) else {
+            return;
+        };
+        watched.keys = watched.keys.saturating_sub(1);
+        if watched.keys == 0 {
+            self.generation += 1;
+            watched.watch.cap_bytes = None;
+            watched.watch.generation = self.generation;
+            watched.last = None;
+            watched.pushed_at = None;
+        }
+        self.forget_if_unwatched(id, watch);
+    }
+
+    /// No more samples of `id`.
+    fn stop_samples(&mut self, id: u64, watch: &dyn KernelWatch) {
         if let Some(watched) = self.watched.get_mut(&id) {
-            watched.keys = watched.keys.saturating_sub(1);
-            if watched.keys == 0 {
-                self.watched.remove(&id);
-            }
+            watched.watch.sample_bytes = None;
+            watched.followed_at = None;
+            watched.sampled_at = None;
+        }
+        self.forget_if_unwatched(id, watch);
+    }
+
+    /// Hands the kernel what is left of `id`'s watch, or removes it when
+    /// nothing is.
+    fn forget_if_unwatched(&mut self, id: u64, watch: &dyn KernelWatch) {
+        let Some(watched) = self.watched.get(&id) else {
+            return;
+        };
+        if watched.keys == 0 && watched.watch.sample_bytes.is_none() {
+            self.watched.remove(&id);
+            watch.set(id, None);
+        } else {
+            watch.set(id, Some(watched.watch));
         }
     }
 }
@@ -174,7 +294,27 @@ mod tests {
     struct NoMap;
 
     impl KernelWatch for NoMap {
-        fn set_cap(&self, _: u64, _: Option<u64>) {}
+        fn set(&self, _: u64, _: Option<Watch>) {}
+    }
+
+    /// The map as the kernel would hold it.
+    #[derive(Default)]
+    struct Map(Mutex<HashMap<u64, Watch>>);
+
+    impl KernelWatch for Map {
+        fn set(&self, id: u64, watch: Option<Watch>) {
+            let mut map = self.0.lock().unwrap();
+            match watch {
+                Some(w) => map.insert(id, w),
+                None => map.remove(&id),
+            };
+        }
+    }
+
+    impl Map {
+        fn get(&self, id: u64) -> Option<Watch> {
+            self.0.lock().unwrap().get(&id).copied()
+        }
     }
 
     fn line(memcg_id: u64, line: Line, usage_bytes: u64) -> GrowthLine {
@@ -244,5 +384,107 @@ mod tests {
             .expect("a loss wakes the sampling loop");
         tokio::time::advance(Duration::from_millis(5)).await;
         assert!(caps.quiet_since("t", Instant::now()), "read after the loss");
+    }
+
+    /// The predictor follows a cgroup: the kernel gets its sample size
+    /// beside any cap, and a sample after a read marks it moved; a cgroup
+    /// it does not follow, or any before the probe runs, is unknown (the
+    /// predictor reads it). A cap taken back leaves the samples, and the
+    /// last of both removes the entry.
+    #[tokio::test(start_paused = true)]
+    async fn a_followed_cgroup_moved_when_a_sample_came_after_the_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroup = dir.path();
+        let id = std::fs::metadata(cgroup).unwrap().ino();
+        let caps = KernelCaps::default();
+        assert!(!caps.follow(cgroup, 1 << 20), "no probe yet");
+        assert_eq!(caps.moved_since(cgroup, Instant::now()), None);
+        let map = Arc::new(Map::default());
+        caps.attach(map.clone());
+        assert!(!caps.follow(&dir.path().join("gone"), 1 << 20));
+
+        assert!(caps.follow(cgroup, 1 << 20));
+        let held = map.get(id).expect("in the map");
+        assert_eq!((held.cap_bytes, held.sample_bytes), (None, Some(1 << 20)));
+        let before = Instant::now() - Duration::from_millis(1);
+        assert_eq!(
+            caps.moved_since(cgroup, before),
+            Some(true),
+            "followed after"
+        );
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let read = Instant::now();
+        assert_eq!(caps.moved_since(cgroup, read), Some(false));
+        assert_eq!(caps.moved_since(&dir.path().join("other"), read), None);
+
+        // A cap on the same cgroup: one entry with both; the cap's lines
+        // do not count as samples, and a sample is no cap line.
+        caps.push("t", cgroup, 100);
+        let held = map.get(id).unwrap();
+        assert_eq!(
+            (held.cap_bytes, held.sample_bytes),
+            (Some(100), Some(1 << 20))
+        );
+        let generation = held.generation;
+        tokio::time::advance(Duration::from_millis(5)).await;
+        caps.line(&line(id, Line::Step, 50));
+        assert_eq!(caps.moved_since(cgroup, read), Some(false), "a step");
+        let quiet = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        caps.line(&GrowthLine {
+            cap_bytes: None,
+            ..line(id, Line::Sample, 70)
+        });
+        assert_eq!(caps.moved_since(cgroup, read), Some(true), "a sample");
+        assert!(caps.quiet_since("t", quiet), "a sample moves no cap line");
+        assert_eq!(caps.usage_of("t"), Some(50));
+        let read = Instant::now();
+        assert_eq!(caps.moved_since(cgroup, read), Some(false));
+
+        // The same sample size again writes nothing; another one does, and
+        // keeps the cap's generation (the kernel does not re-arm its cap).
+        assert!(caps.follow(cgroup, 1 << 20));
+        assert_eq!(caps.moved_since(cgroup, read), Some(false));
+        tokio::time::advance(Duration::from_millis(5)).await;
+        assert!(caps.follow(cgroup, 4 << 20));
+        let held = map.get(id).unwrap();
+        assert_eq!(
+            (held.generation, held.sample_bytes),
+            (generation, Some(4 << 20))
+        );
+        assert_eq!(caps.moved_since(cgroup, read), Some(true), "new size");
+
+        // Lost records: every followed cgroup may have moved.
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let read = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        caps.records_lost();
+        assert_eq!(caps.moved_since(cgroup, read), Some(true), "records lost");
+
+        // The cap goes, the samples stay; then they go too.
+        caps.remove("t");
+        let held = map.get(id).expect("still followed");
+        assert_eq!((held.cap_bytes, held.sample_bytes), (None, Some(4 << 20)));
+        assert!(held.generation > generation, "the kernel drops the cap");
+        caps.unfollow(cgroup);
+        assert_eq!(map.get(id), None);
+        assert_eq!(caps.moved_since(cgroup, read), None);
+
+        // Removed: the path stands for that id no more.
+        assert!(caps.follow(cgroup, 1 << 20));
+        caps.cgroup_removed(id + 1);
+        assert!(map.get(id).is_some(), "another cgroup");
+        caps.cgroup_removed(id);
+        assert_eq!(map.get(id), None);
+        assert_eq!(caps.moved_since(cgroup, read), None);
+
+        // Two keys on one cgroup: the cap stays until the last goes.
+        caps.push("a", cgroup, 100);
+        caps.push("b", cgroup, 200);
+        caps.push("b", cgroup, 200);
+        caps.remove("a");
+        assert_eq!(map.get(id).unwrap().cap_bytes, Some(200));
+        caps.remove("b");
+        assert_eq!(map.get(id), None);
     }
 }

@@ -490,6 +490,8 @@ pub(crate) mod fake {
         /// read of, in order.
         pub predict: Mutex<HashMap<std::path::PathBuf, PredictFigures>>,
         pub predict_reads: Mutex<Vec<std::path::PathBuf>>,
+        /// Every cgroup whose usage alone was read, in order.
+        pub usage_reads: Mutex<Vec<std::path::PathBuf>>,
     }
 
     impl FakeReader {
@@ -540,6 +542,7 @@ pub(crate) mod fake {
 
         /// The figures' unreclaimable bytes stand for the usage (no cache).
         fn cgroup_usage(&self, cgroup: &Path) -> Option<u64> {
+            self.usage_reads.lock().unwrap().push(cgroup.to_path_buf());
             let figures = self.predict.lock().unwrap();
             figures.get(cgroup).map(|f| f.unreclaimable)
         }

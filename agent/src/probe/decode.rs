@@ -60,6 +60,7 @@ pub(crate) fn growth(
         GrowthRecord::ABOVE_CAP => Line::AboveCap,
         GrowthRecord::BELOW_CAP => Line::BelowCap,
         GrowthRecord::STEP => Line::Step,
+        GrowthRecord::SAMPLE => Line::Sample,
         other => return Err(DecodeError::Kind(other)),
     };
     Ok(GrowthLine {
@@ -225,6 +226,25 @@ mod tests {
         assert_eq!(
             (line.line, line.usage_bytes, line.cap_bytes),
             (Line::AboveCap, 409600, Some(262144))
+        );
+        let sample = GrowthRecord {
+            line: GrowthRecord::SAMPLE,
+            cap_pages: 0,
+            ..growth
+        };
+        let ProbeEvent::Growth(line) =
+            super::record(&bytes_of(&sample), 4096, &ClockPair::now()).unwrap()
+        else {
+            panic!("a growth record")
+        };
+        assert_eq!(
+            (line.line, line.usage_bytes, line.cap_bytes),
+            (Line::Sample, 409600, None)
+        );
+        let unknown = GrowthRecord { line: 9, ..growth };
+        assert_eq!(
+            super::record(&bytes_of(&unknown), 4096, &ClockPair::now()),
+            Err(DecodeError::Kind(9))
         );
     }
 

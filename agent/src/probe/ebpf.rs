@@ -7,10 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use std::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
+use std::sync::Mutex;
 
 use agent_common::{
     FastPath, GROWTH_GLOBAL, GrowthSettings, KernelOffsets, OFFSETS_GLOBAL, ProbeCounter,
@@ -29,7 +26,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    KernelWatch, ProbeEvent,
+    KernelWatch, ProbeEvent, Watch,
     btf::{self, BtfError},
     decode::{self, ClockPair},
     hooks::{self, Growth, Role, VictimForm},
@@ -219,28 +216,31 @@ pub(crate) struct ProgramSize {
     pub verified_insns: Option<u32>,
 }
 
-/// The WATCHED map: soft caps of the cgroups user space watches.
+/// The WATCHED map: soft caps and sample sizes of the cgroups user space
+/// watches.
 pub(crate) struct WatchedMap {
     map: Mutex<BpfHashMap<MapData, u64, WatchedCgroup>>,
-    generation: AtomicU64,
     page_size: u64,
 }
 
 impl KernelWatch for WatchedMap {
-    fn set_cap(&self, cgroup_id: u64, cap_bytes: Option<u64>) {
+    fn set(&self, cgroup_id: u64, watch: Option<Watch>) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let result = match cap_bytes {
-            Some(bytes) => {
+        let pages = |bytes: Option<u64>| bytes.map_or(0, |b| b.div_ceil(self.page_size));
+        let result = match watch {
+            Some(watch) => {
                 let value = WatchedCgroup {
-                    soft_cap_pages: bytes.div_ceil(self.page_size),
-                    generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+                    soft_cap_pages: pages(watch.cap_bytes),
+                    generation: watch.generation,
+                    // Some: at least a page (0 is "no samples").
+                    sample_pages: watch.sample_bytes.map_or(0, |b| pages(Some(b)).max(1)),
                 };
                 map.insert(cgroup_id, value, 0)
             }
             None => map.remove(&cgroup_id).or(Ok(())),
         };
         if let Err(error) = result {
-            warn!(cgroup_id, %error, "cannot update the kernel's soft caps (WATCHED map)");
+            warn!(cgroup_id, %error, "cannot update the kernel's watched cgroups (WATCHED map)");
         }
     }
 }
@@ -320,7 +320,6 @@ impl EbpfProbe {
             let map = take_map(&mut ebpf, maps::WATCHED, BpfHashMap::try_from)?;
             let watched = WatchedMap {
                 map: Mutex::new(map),
-                generation: AtomicU64::new(0),
                 page_size: procfs::page_size(),
             };
             (Some(fast), Some(std::sync::Arc::new(watched)))

@@ -13,11 +13,26 @@ pub(crate) mod privilege;
 
 use chrono::{DateTime, Utc};
 
-/// Where user space tells the kernel side which cgroups to watch and their
-/// soft caps (the eBPF probe's WATCHED map; nothing for sampling-only runs).
+/// Where user space tells the kernel side which cgroups to watch, their
+/// soft caps and the samples wanted of them (the eBPF probe's WATCHED map;
+/// nothing for sampling-only runs).
 pub(crate) trait KernelWatch: Send + Sync {
-    /// Sets (`Some`) or clears (`None`) the soft cap of a memory cgroup, by id.
-    fn set_cap(&self, cgroup_id: u64, cap_bytes: Option<u64>);
+    /// Sets (`Some`) or clears (`None`) what the kernel watches of a memory
+    /// cgroup, by id.
+    fn set(&self, cgroup_id: u64, watch: Option<Watch>);
+}
+
+/// What the kernel side watches of one memory cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Watch {
+    /// The soft cap (`None`: none).
+    pub cap_bytes: Option<u64>,
+    /// Changes each time the cap is handed again: the kernel re-reads it
+    /// and says again that the cgroup is above it.
+    pub generation: u64,
+    /// A [`Line::Sample`] each time the usage moved by this much (`None`:
+    /// no samples; the kill predictor does not follow it).
+    pub sample_bytes: Option<u64>,
 }
 
 /// What a source reports.
@@ -49,6 +64,8 @@ pub enum Line {
     AboveCap,
     BelowCap,
     Step,
+    /// The usage moved by the cgroup's sample size (see [`Watch`]).
+    Sample,
 }
 
 impl Line {
@@ -57,6 +74,7 @@ impl Line {
             Self::AboveCap => "above_cap",
             Self::BelowCap => "below_cap",
             Self::Step => "step",
+            Self::Sample => "sample",
         }
     }
 }

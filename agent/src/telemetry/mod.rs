@@ -39,6 +39,7 @@ pub(crate) const GROWTH_LINES_TOTAL: &str = "memwatch_growth_lines_total";
 pub(crate) const PREDICT_LEAD_SECONDS: &str = "memwatch_predict_lead_seconds";
 pub(crate) const WORKER_OOM_ETA_SECONDS: &str = "memwatch_worker_oom_eta_seconds";
 pub(crate) const PREDICT_ETA_ERROR_SECONDS: &str = "memwatch_predict_eta_error_seconds";
+pub(crate) const PREDICT_READS_TOTAL: &str = "memwatch_predict_reads_total";
 pub(crate) const PROGRAM_RUNS_TOTAL: &str = "memwatch_probe_program_runs_total";
 pub(crate) const PROGRAM_RUN_SECONDS_TOTAL: &str = "memwatch_probe_program_run_seconds_total";
 
@@ -213,6 +214,9 @@ pub struct Metrics {
     /// Seconds to each worker's soonest predicted kill; absent when none.
     pub worker_oom_eta: prometheus::GaugeVec,
     pub predict_eta_error: prometheus::Histogram,
+    /// The predictor's full reads of a cgroup, by why (`new`, `kernel`,
+    /// `usage`, `near_limit`, `poll`, `reread`).
+    pub predict_reads: IntCounterVec,
     /// Runs and run time of each eBPF program (with `bpf_stats = true`).
     pub program_runs: IntCounterVec,
     pub program_run_seconds: prometheus::CounterVec,
@@ -272,6 +276,7 @@ impl Metrics {
             Box::new(self.predict_lead.clone()),
             Box::new(self.worker_oom_eta.clone()),
             Box::new(self.predict_eta_error.clone()),
+            Box::new(self.predict_reads.clone()),
             Box::new(self.program_runs.clone()),
             Box::new(self.program_run_seconds.clone()),
             Box::new(self.outbox_stored.clone()),
@@ -429,6 +434,11 @@ impl Metrics {
                     "Predicted OOM kills: absolute seconds between the ETA said and the kill.",
                 )
                 .buckets(PREDICT_BUCKETS.to_vec()),
+            )?,
+            predict_reads: counter(
+                PREDICT_READS_TOTAL,
+                "Full reads of a cgroup by the kill predictor, by why.",
+                &["why"],
             )?,
             program_runs: counter(
                 PROGRAM_RUNS_TOTAL,

@@ -26,7 +26,7 @@ const MIN_SPAN: Duration = Duration::from_secs(2);
 pub(crate) const MIN_RISE: Duration = Duration::from_secs(5);
 /// A fall this large (the larger of 1 MiB and 2 % of the level) below the
 /// running peak is a drop: the series is a sawtooth, judged by troughs.
-const DROP_MIN_BYTES: u64 = 1 << 20;
+pub(crate) const DROP_MIN_BYTES: u64 = 1 << 20;
 const DROP_FRACTION: f64 = 0.02;
 /// The recent half of the fit must still grow at this fraction of the
 /// whole fit's rate, judged on this low quantile of its pairwise slopes:

@@ -513,6 +513,7 @@ impl Monitor {
     /// and start or end the rule task it is, without waiting for a tick.
     pub(crate) fn cgroup_changed(&self, change: &CgroupChange) {
         if change.removed {
+            self.kernel.cgroup_removed(change.id);
             let gone = self.resolver().known_path(change.id).map(Path::to_path_buf);
             let Some(path) = gone else { return };
             let mut known = self.rule_tasks.lock().unwrap_or_else(|e| e.into_inner());

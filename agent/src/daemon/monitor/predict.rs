@@ -25,7 +25,7 @@ use crate::{
     watchdog::{
         imminent::Reading,
         policy::Sample,
-        predict::{Limit, LimitOwner, drop_size, near_a_limit},
+        predict::{DROP_MIN_BYTES, Limit, LimitOwner, drop_size, near_a_limit},
     },
 };
 
@@ -33,83 +33,196 @@ use crate::{
 pub(crate) const FAST_INTERVAL: Duration = Duration::from_millis(100);
 /// A far cgroup whose usage stays put is read in full this often (ticks).
 pub(crate) const REREAD_EVERY: u64 = 10;
+/// The same, for a cgroup the kernel follows: it says when one moved.
+pub(crate) const REREAD_FOLLOWED: u64 = 60;
 
-/// A far cgroup's last full reading: its figures, its usage then, and the
-/// tick it was made in.
+/// Why the predictor read a cgroup in full (`memwatch_predict_reads_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadWhy {
+    /// Nothing kept of it yet.
+    New,
+    /// The kernel sent a sample of it (or records were lost).
+    Kernel,
+    /// Its usage, read because the kernel does not follow it, moved.
+    Usage,
+    /// Within a tenth of a limit with page cache beside its anonymous
+    /// memory: read at every sample.
+    NearLimit,
+    /// Near a limit (or on a fast tick) while the kernel does not follow
+    /// it: read at every sample.
+    Poll,
+    /// The periodic full read.
+    Reread,
+}
+
+impl ReadWhy {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Kernel => "kernel",
+            Self::Usage => "usage",
+            Self::NearLimit => "near_limit",
+            Self::Poll => "poll",
+            Self::Reread => "reread",
+        }
+    }
+}
+
+/// A cgroup's last full reading: its figures, its usage then (read only
+/// when the kernel does not follow it), the tick it was made in and when.
 #[derive(Clone, Debug)]
 pub(crate) struct Kept {
     figures: PredictFigures,
-    usage: u64,
+    usage: Option<u64>,
     round: u64,
+    at: Instant,
+    /// Within half of none of its limits.
+    far: bool,
 }
 
 impl Kept {
+    /// Within a tenth of a limit at `usage` (page cache may hide anonymous
+    /// growth at a pinned usage).
+    fn near_limit(&self, usage: u64) -> bool {
+        self.figures
+            .limits
+            .iter()
+            .any(|l| usage.saturating_mul(10) >= l.bytes.saturating_mul(9))
+    }
+
     /// Whether `usage` (read now) may mean other figures: it moved by a
     /// drop's size, or sits within a tenth of a limit.
     fn moved(&self, usage: u64) -> bool {
-        let near_limit = self
-            .figures
-            .limits
-            .iter()
-            .any(|l| usage.saturating_mul(10) >= l.bytes.saturating_mul(9));
-        usage.abs_diff(self.usage) as f64 >= drop_size(self.usage as f64) || near_limit
+        let Some(then) = self.usage else {
+            return true;
+        };
+        usage.abs_diff(then) as f64 >= drop_size(then as f64) || self.near_limit(usage)
+    }
+
+    /// The usage its limits say it had (its own, else the nearest).
+    fn used(&self) -> u64 {
+        self.figures.limits.first().map_or(0, |l| l.used)
+    }
+
+    /// Within a tenth of a limit with a drop's worth of reclaimable memory
+    /// (page cache) beside the rest: the kernel's usage may stand still
+    /// while anonymous memory replaces page cache, so a sample of the
+    /// usage says nothing; it is read at every sample.
+    fn pinned(&self) -> bool {
+        let reclaimable = self.used().saturating_sub(self.figures.unreclaimable);
+        reclaimable >= DROP_MIN_BYTES
+            && self
+                .figures
+                .limits
+                .iter()
+                .any(|l| l.used.saturating_mul(10) >= l.bytes.saturating_mul(9))
+    }
+}
+
+/// The sample size the kernel is asked for: near a limit, every move it
+/// checks (a page: at most one sample per `sample_ns`); far, a drop's size
+/// rounded up to a power of two (so it is handed again only when the
+/// usage changed by half or more).
+fn sample_bytes(kept: &Kept) -> u64 {
+    if kept.far {
+        (drop_size(kept.used() as f64) as u64).next_power_of_two()
+    } else {
+        1
     }
 }
 
 impl Monitor {
-    /// Each target's figures: read in full on a fast tick (all are near a
-    /// limit), and on a full tick for those near a limit, new, moved, or
-    /// last read [`REREAD_EVERY`] ticks ago; the kept ones otherwise.
+    /// Each target's figures, read in full or kept from the last read.
+    ///
+    /// Read: a cgroup new here or within a tenth of a limit; one the kernel
+    /// said moved since its last read; far ones every [`REREAD_FOLLOWED`]
+    /// ticks and near ones every tick. Where the kernel does not follow a
+    /// cgroup (no probe), a fast tick reads all (all are near a limit), and
+    /// a full tick a far one whose usage moved or that was last read
+    /// [`REREAD_EVERY`] ticks ago.
     fn figures(&self, targets: &[&Path], all: bool) -> Vec<Option<PredictFigures>> {
         let round = self.rounds.load(Ordering::Relaxed);
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let fresh = |c: &Path| {
-            let k = kept.get(c)?;
-            if !all || round.saturating_sub(k.round) >= REREAD_EVERY {
-                return None;
+        let fresh = |c: &Path| -> Result<PredictFigures, ReadWhy> {
+            let k = kept.get(c).ok_or(ReadWhy::New)?;
+            let age = round.saturating_sub(k.round);
+            match self.kernel.moved_since(c, k.at) {
+                Some(true) => Err(ReadWhy::Kernel),
+                Some(false) if k.pinned() => Err(ReadWhy::NearLimit),
+                Some(false) if all && age >= if k.far { REREAD_FOLLOWED } else { 1 } => {
+                    Err(ReadWhy::Reread)
+                }
+                Some(false) => Ok(k.figures.clone()),
+                None if !all || !k.far => Err(ReadWhy::Poll),
+                None if age >= REREAD_EVERY => Err(ReadWhy::Reread),
+                None => {
+                    let usage = self.reader.cgroup_usage(c).ok_or(ReadWhy::New)?;
+                    if k.moved(usage) {
+                        Err(ReadWhy::Usage)
+                    } else {
+                        Ok(k.figures.clone())
+                    }
+                }
             }
-            let usage = self.reader.cgroup_usage(c)?;
-            (!k.moved(usage)).then(|| k.figures.clone())
         };
-        let mut figures: Vec<Option<Option<PredictFigures>>> =
+        let mut figures: Vec<Result<Option<PredictFigures>, ReadWhy>> =
             targets.iter().map(|c| fresh(c).map(Some)).collect();
+        let metrics = self.recorder.metrics();
         let stale: Vec<&Path> = targets
             .iter()
             .zip(&figures)
-            .filter(|(_, f)| f.is_none())
-            .map(|(c, _)| *c)
+            .filter_map(|(c, f)| f.as_ref().err().map(|why| (*c, *why)))
+            .map(|(c, why)| {
+                metrics
+                    .predict_reads
+                    .with_label_values(&[why.as_str()])
+                    .inc();
+                c
+            })
             .collect();
         let mut read = self
             .reader
             .predict_figures_all(&stale, &self.cgroup_root())
             .into_iter();
         for (c, f) in targets.iter().zip(figures.iter_mut()) {
-            if f.is_some() {
+            if f.is_ok() {
                 continue;
             }
             let got = read.next().flatten();
-            kept.remove(*c);
-            let far =
-                |g: &&PredictFigures| !g.limits.iter().any(|l| l.used.saturating_mul(2) >= l.bytes);
-            if let Some(g) = got.as_ref().filter(|g| all && far(g))
-                && let Some(usage) = self.reader.cgroup_usage(c)
-            {
-                kept.insert(
-                    c.to_path_buf(),
-                    Kept {
-                        figures: g.clone(),
-                        usage,
-                        round,
-                    },
-                );
+            let Some(g) = got.as_ref() else {
+                kept.remove(*c);
+                self.kernel.unfollow(c);
+                *f = Ok(None);
+                continue;
+            };
+            let far = !g.limits.iter().any(|l| l.used.saturating_mul(2) >= l.bytes);
+            let mut k = Kept {
+                figures: g.clone(),
+                usage: None,
+                round,
+                at: Instant::now(),
+                far,
+            };
+            if !self.kernel.follow(c, sample_bytes(&k)) && far {
+                k.usage = self.reader.cgroup_usage(c);
             }
-            *f = Some(got);
+            // After the kernel has the sample size: a new one says nothing
+            // of the time before, and this read covers it.
+            k.at = Instant::now();
+            kept.insert(c.to_path_buf(), k);
+            *f = Ok(got);
         }
         if all {
             let followed: HashSet<&Path> = targets.iter().copied().collect();
-            kept.retain(|c, _| followed.contains(c.as_path()));
+            kept.retain(|c, _| {
+                let keep = followed.contains(c.as_path());
+                if !keep {
+                    self.kernel.unfollow(c);
+                }
+                keep
+            });
         }
-        figures.into_iter().map(Option::flatten).collect()
+        figures.into_iter().map(|f| f.ok().flatten()).collect()
     }
 
     /// Readings of `targets` (cgroup, worker, task); remembers which are near
@@ -421,5 +534,221 @@ mod tests {
         );
         let status = m.tasks();
         assert!(status.iter().any(|t| t.task_id == "t0"), "{status:?}");
+    }
+
+    /// The kernel's WATCHED map, as far as the predictor cares.
+    #[derive(Default)]
+    struct Watched(std::sync::Mutex<std::collections::HashMap<u64, crate::probe::Watch>>);
+
+    impl crate::probe::KernelWatch for Watched {
+        fn set(&self, id: u64, watch: Option<crate::probe::Watch>) {
+            let mut map = self.0.lock().unwrap();
+            match watch {
+                Some(w) => map.insert(id, w),
+                None => map.remove(&id),
+            };
+        }
+    }
+
+    fn ino(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(path).unwrap().ino()
+    }
+
+    /// What the growth program sends when `cgroup`'s usage moved.
+    fn sample(m: &Monitor, cgroup: &Path, usage: u64) {
+        m.growth_line(&crate::probe::GrowthLine {
+            time: chrono::Utc::now(),
+            memcg_id: ino(cgroup),
+            line: crate::probe::Line::Sample,
+            usage_bytes: usage,
+            cap_bytes: None,
+        });
+    }
+
+    fn reads_why(metrics: &Metrics, why: ReadWhy) -> u64 {
+        metrics
+            .predict_reads
+            .with_label_values(&[why.as_str()])
+            .get()
+    }
+
+    /// With the probe, 50 idle far cgroups cost no read at all between
+    /// their full reads (first tick, then every REREAD_FOLLOWED): the
+    /// kernel follows each with a drop-sized sample, and one it says moved
+    /// is read at the next tick, alone.
+    #[tokio::test(start_paused = true)]
+    async fn with_the_kernel_following_idle_far_cgroups_cost_no_reads() {
+        let root = tempfile::tempdir().unwrap();
+        let reader = Arc::new(FakeReader::default());
+        let (m, metrics) = monitor(root.path(), reader.clone());
+        let map = Arc::new(Watched::default());
+        m.attach_kernel_watch(map.clone());
+        let cgroups: Vec<PathBuf> = (0..50).map(|i| root.path().join(format!("t{i}"))).collect();
+        for (i, cgroup) in cgroups.iter().enumerate() {
+            std::fs::create_dir(cgroup).unwrap();
+            m.register(TaskRequest {
+                task_id: format!("t{i}"),
+                worker: None,
+                source: Some(MemorySource::Cgroup(cgroup.clone())),
+                soft_cap: None,
+                owner: ANONYMOUS.into(),
+            })
+            .unwrap();
+            reader.predict.lock().unwrap().insert(
+                cgroup.clone(),
+                PredictFigures {
+                    unreclaimable: 10 * MIB,
+                    limits: vec![ChainLimit {
+                        cgroup: cgroup.clone(),
+                        bytes: LIMIT,
+                        used: 10 * MIB,
+                    }],
+                    high: None,
+                    host: None,
+                },
+            );
+        }
+        let ticks = REREAD_FOLLOWED + 1;
+        for _ in 0..ticks {
+            m.tick();
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let reads = std::mem::take(&mut *reader.predict_reads.lock().unwrap());
+        for cgroup in &cgroups {
+            let n = reads.iter().filter(|c| *c == cgroup).count();
+            assert_eq!(n, 2, "{} read {n} times in {ticks} ticks", cgroup.display());
+            let held = map.0.lock().unwrap().get(&ino(cgroup)).copied();
+            let held = held.expect("the kernel follows it");
+            assert_eq!(held.sample_bytes, Some(MIB), "a drop's size, 1 MiB");
+            assert_eq!(held.cap_bytes, None);
+        }
+        assert!(
+            reader.usage_reads.lock().unwrap().is_empty(),
+            "no usage read while the kernel follows them"
+        );
+        assert_eq!(reads_why(&metrics, ReadWhy::New), 50);
+        assert_eq!(reads_why(&metrics, ReadWhy::Reread), 50);
+
+        // The kernel says t7 moved: read at the next tick, and only it.
+        let t7 = &cgroups[7];
+        sample(&m, t7, 12 * MIB);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        m.tick();
+        let reads = std::mem::take(&mut *reader.predict_reads.lock().unwrap());
+        assert_eq!(reads, vec![t7.clone()]);
+        assert_eq!(reads_why(&metrics, ReadWhy::Kernel), 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        m.tick();
+        assert!(reader.predict_reads.lock().unwrap().is_empty(), "read once");
+
+        // A task gone: the kernel follows its cgroup no more.
+        m.finish(
+            "t3",
+            crate::model::spec::TaskOutcome::Ended { exit_code: Some(0) },
+        )
+        .unwrap();
+        m.tick();
+        assert!(!map.0.lock().unwrap().contains_key(&ino(&cgroups[3])));
+    }
+
+    /// A cgroup leaking 10 MiB/s from 130 MiB (near: over half of 256 MiB)
+    /// for 4 s, standing still for 4 s, then leaking again into the limit
+    /// (reached at 8 + 8.6 = 16.6 s); the sampler loop played by hand, with
+    /// or without the probe (whose growth program sends a sample when the
+    /// usage moved by 64 pages, at most every 90 ms). Returns the reads in
+    /// each second, the task's ETA at 13 s, and the metrics.
+    async fn leak_stop_leak(kernel: bool) -> (Vec<(f64, usize)>, Option<f64>, Metrics) {
+        let root = tempfile::tempdir().unwrap();
+        let job = root.path().join("job");
+        std::fs::create_dir(&job).unwrap();
+        let reader = Arc::new(FakeReader::default());
+        let (m, metrics) = monitor(root.path(), reader.clone());
+        let map = Arc::new(Watched::default());
+        if kernel {
+            m.attach_kernel_watch(map.clone());
+        }
+        m.register(TaskRequest {
+            task_id: "job".into(),
+            worker: None,
+            source: Some(MemorySource::Cgroup(job.clone())),
+            soft_cap: None,
+            owner: ANONYMOUS.into(),
+        })
+        .unwrap();
+        let used_at = |t: f64| {
+            let leaked = t.min(4.0) + (t - 8.0).max(0.0);
+            130 * MIB + (10.0 * MIB as f64 * leaked) as u64
+        };
+        let mut last = used_at(0.0);
+        let mut per_second = Vec::new();
+        let mut eta_at_13 = None;
+        for step in 0..166u64 {
+            let t = step as f64 / 10.0;
+            let used = used_at(t);
+            reader.predict.lock().unwrap().insert(
+                job.clone(),
+                PredictFigures {
+                    unreclaimable: used,
+                    limits: vec![ChainLimit {
+                        cgroup: job.clone(),
+                        bytes: LIMIT,
+                        used,
+                    }],
+                    high: None,
+                    host: None,
+                },
+            );
+            if kernel && used.abs_diff(last) >= 64 * 4096 {
+                sample(&m, &job, used);
+                last = used;
+            }
+            if step % 10 == 0 {
+                let reads = std::mem::take(&mut *reader.predict_reads.lock().unwrap());
+                per_second.push((t, reads.len()));
+                m.tick();
+            } else if m.any_near_a_limit() {
+                m.fast_tick();
+            }
+            if step == 130 {
+                eta_at_13 = m.tasks()[0].eta_seconds;
+            }
+            tokio::time::advance(FAST_INTERVAL).await;
+        }
+        if kernel {
+            let held = map.0.lock().unwrap().get(&ino(&job)).copied().unwrap();
+            assert_eq!(held.sample_bytes, Some(1), "near: every move it checks");
+            assert!(reader.usage_reads.lock().unwrap().is_empty());
+        }
+        (per_second, eta_at_13, metrics)
+    }
+
+    /// With the probe, a cgroup near its limit is read on a fast tick only
+    /// when the kernel sent a sample since its last read: while it leaks,
+    /// ten a second; standing still, no sample and no read but the one of
+    /// each full tick. Its ETA is the one polling gives, to the bit.
+    #[tokio::test(start_paused = true)]
+    async fn near_a_limit_the_kernel_samples_drive_the_reads() {
+        let (kernel, eta, metrics) = leak_stop_leak(true).await;
+        for &(t, reads) in &kernel[1..] {
+            // The second before `t`.
+            if (1.0..=4.0).contains(&t) || t >= 9.0 {
+                assert!(reads >= 10, "leaking at {t}s: {reads} reads");
+            } else if (6.0..=8.0).contains(&t) {
+                assert_eq!(reads, 1, "standing still at {t}s: {reads} reads");
+            }
+        }
+        assert!(reads_why(&metrics, ReadWhy::Kernel) >= 100);
+        assert_eq!(reads_why(&metrics, ReadWhy::Poll), 0);
+
+        let (polled, polled_eta, metrics) = leak_stop_leak(false).await;
+        for &(t, reads) in &polled[1..] {
+            assert!(reads >= 10, "polling near the limit at {t}s: {reads} reads");
+        }
+        assert!(reads_why(&metrics, ReadWhy::Poll) >= 100);
+        assert_eq!(reads_why(&metrics, ReadWhy::Kernel), 0);
+        let eta = eta.expect("an ETA at 13 s");
+        assert_eq!(Some(eta), polled_eta, "the kernel's samples, polling's");
+        assert!(eta > 0.0 && eta < 16.6, "{eta}");
     }
 }
