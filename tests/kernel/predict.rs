@@ -125,7 +125,10 @@ async fn a_steady_leak_is_warned_of_seconds_before_the_real_kill() {
         let polled = metric(&metrics, r#"memwatch_predict_reads_total{why="poll"}"#);
         eprintln!("kernel samples {samples:?}, reads on a sample {kernel:?}, polled {polled:?}");
         // ~26 s of leak, near the limit (over half) for ~13 s of it.
-        assert!(samples.unwrap_or(0.0) >= 50.0, "samples {samples:?}\n{metrics}");
+        assert!(
+            samples.unwrap_or(0.0) >= 50.0,
+            "samples {samples:?}\n{metrics}"
+        );
         assert!(kernel.unwrap_or(0.0) >= 50.0, "reads {kernel:?}\n{metrics}");
         assert_eq!(polled, None, "nothing polled while the kernel follows it");
     }
