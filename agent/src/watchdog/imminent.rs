@@ -173,12 +173,22 @@ impl Predictions {
         let mut events = Vec::new();
         for r in readings {
             let rule = self.rules.rule(&r.worker);
-            if !self.cgroups.contains_key(&r.cgroup) && self.cgroups.len() >= MAX_CGROUPS {
-                self.forget_oldest();
+            // Every tick reads every followed cgroup: no allocation for one
+            // already known whose nearest limit stayed the same.
+            if !self.cgroups.contains_key(&r.cgroup) {
+                if self.cgroups.len() >= MAX_CGROUPS {
+                    self.forget_oldest();
+                }
+                self.cgroups.insert(r.cgroup.clone(), Followed::default());
             }
-            let f = self.cgroups.entry(r.cgroup.clone()).or_default();
+            let Some(f) = self.cgroups.get_mut(&r.cgroup) else {
+                continue;
+            };
             f.read_at = Some(now);
-            f.nearest = nearest(&r.limits).cloned();
+            let near = nearest(&r.limits);
+            if f.nearest.as_ref() != near {
+                f.nearest = near.cloned();
+            }
             if f.worker != r.worker {
                 f.worker.clone_from(&r.worker);
             }
