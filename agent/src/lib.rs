@@ -59,4 +59,7 @@ pub use sinks::{
         WebhookSink,
     },
 };
+/// The heap's kept free memory (for the agent's own tests).
+#[doc(hidden)]
+pub use telemetry::heap;
 pub use telemetry::{Metrics, heap::limit_arenas as limit_malloc_arenas};

@@ -28,7 +28,7 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::{
     monitor::Monitor,
@@ -54,7 +54,7 @@ use crate::{
         dask::names::SchedulerNames, slurm::JobProofs,
     },
     telemetry::{
-        Metrics,
+        Metrics, heap,
         liveness::{Beat, IDLE_BEAT, Liveness},
     },
     watchdog::self_health::ProbeState,
@@ -73,6 +73,9 @@ const OOM_COUNTS_INTERVAL: Duration = Duration::from_secs(5);
 const OOM_RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 /// How often expired events are removed from the outbox.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+/// How often the heap's kept free memory is checked (and handed back past
+/// `heap::KEEP_FREE_BYTES`).
+const HEAP_INTERVAL: Duration = Duration::from_secs(10);
 /// How long the pipeline and each sink may take to stop at shutdown.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -247,6 +250,8 @@ impl Daemon {
         let mut oom_rescan =
             tokio::time::interval_at(Instant::now() + OOM_RESCAN_INTERVAL, OOM_RESCAN_INTERVAL);
         let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
+        let mut heap_check =
+            tokio::time::interval_at(Instant::now() + HEAP_INTERVAL, HEAP_INTERVAL);
         let mut counters = CounterPublisher::new(self.config.bpf_stats);
         let beat = self.liveness.register("main loop", COUNTER_INTERVAL);
         tokio::pin!(stop);
@@ -276,6 +281,11 @@ impl Daemon {
                     self.outbox().maintain();
                 }
                 _ = expiry.tick() => self.outbox().prune_expired(chrono::Utc::now()),
+                _ = heap_check.tick() => {
+                    if let Some(bytes) = heap::release_if_kept() {
+                        debug!(bytes, "freed memory handed back to the kernel");
+                    }
+                }
                 _ = oom_ticker.tick() => {
                     let live = self.live_kills.take();
                     if let Some(oom) = &mut self.oom {

@@ -33,3 +33,90 @@ pub(crate) fn release_freed() {
         libc::malloc_trim(0);
     }
 }
+
+/// Freed memory the arenas may keep resident before the agent hands it
+/// back: a burst (thousands of tasks registered or ended at once, a
+/// catch-up of the outbox) leaves tens of MiB of freed pages that glibc
+/// would otherwise keep for good (docs/benchmarks.md, "Footprint").
+pub const KEEP_FREE_BYTES: u64 = 8 << 20;
+
+/// What the heap holds now: resident anonymous memory of the process and
+/// the bytes the allocator has handed out (`None` where it cannot say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub resident_anon: u64,
+    pub in_use: u64,
+}
+
+impl Held {
+    /// Now, from `/proc/self/status` (`RssAnon`) and glibc's `mallinfo2`.
+    pub fn now() -> Option<Held> {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            let status = std::fs::read_to_string("/proc/self/status").ok()?;
+            let resident_anon = rss_anon(&status)?;
+            // SAFETY: mallinfo2 only reads the allocator's statistics.
+            let info = unsafe { libc::mallinfo2() };
+            Some(Held {
+                resident_anon,
+                in_use: (info.uordblks as u64).saturating_add(info.hblkhd as u64),
+            })
+        }
+        #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+        None
+    }
+
+    /// Resident anonymous memory beyond what is in use: freed pages kept
+    /// (and thread stacks, a few hundred KiB).
+    pub fn kept_free(&self) -> u64 {
+        self.resident_anon.saturating_sub(self.in_use)
+    }
+}
+
+/// `RssAnon:` of a `/proc/<pid>/status`, in bytes.
+fn rss_anon(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Trims the arenas when they keep more than [`KEEP_FREE_BYTES`] of
+/// freed memory resident; returns the resident anonymous bytes handed
+/// back (`None`: nothing to hand back, or no way to tell). Costs one read
+/// of `/proc/self/status` when there is nothing to do.
+pub fn release_if_kept() -> Option<u64> {
+    let before = Held::now()?;
+    if before.kept_free() <= KEEP_FREE_BYTES {
+        return None;
+    }
+    release_freed();
+    let after = Held::now()?;
+    Some(before.resident_anon.saturating_sub(after.resident_anon))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_anon_is_read_in_bytes() {
+        let status =
+            "Name:\tmemwatch\nVmRSS:\t   69428 kB\nRssAnon:\t   52436 kB\nRssFile:\t 16992 kB\n";
+        assert_eq!(rss_anon(status), Some(52436 * 1024));
+        assert_eq!(rss_anon("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn freed_memory_beyond_what_is_in_use_is_what_is_kept() {
+        let held = Held {
+            resident_anon: 50 << 20,
+            in_use: 12 << 20,
+        };
+        assert_eq!(held.kept_free(), 38 << 20);
+        let lean = Held {
+            resident_anon: 10 << 20,
+            in_use: 12 << 20,
+        };
+        assert_eq!(lean.kept_free(), 0);
+    }
+}

@@ -5,7 +5,7 @@
 //! made in `main` and passed down.
 
 pub(crate) mod delay;
-pub(crate) mod heap;
+pub mod heap;
 pub(crate) mod liveness;
 pub(crate) mod notify;
 
