@@ -74,8 +74,10 @@ const OOM_RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 /// How often expired events are removed from the outbox.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the heap's kept free memory is checked (and handed back past
-/// `heap::KEEP_FREE_BYTES`).
-const HEAP_INTERVAL: Duration = Duration::from_secs(10);
+/// `heap::KEEP_FREE_BYTES`): right after a sampling round, whose garbage
+/// (a walk of /proc, thousands of usage reads on a full round) was just
+/// freed.
+const HEAP_INTERVAL: Duration = Duration::from_secs(5);
 /// How long the pipeline and each sink may take to stop at shutdown.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -250,8 +252,6 @@ impl Daemon {
         let mut oom_rescan =
             tokio::time::interval_at(Instant::now() + OOM_RESCAN_INTERVAL, OOM_RESCAN_INTERVAL);
         let mut ticker = tokio::time::interval(COUNTER_INTERVAL);
-        let mut heap_check =
-            tokio::time::interval_at(Instant::now() + HEAP_INTERVAL, HEAP_INTERVAL);
         let mut counters = CounterPublisher::new(self.config.bpf_stats);
         let beat = self.liveness.register("main loop", COUNTER_INTERVAL);
         tokio::pin!(stop);
@@ -281,11 +281,6 @@ impl Daemon {
                     self.outbox().maintain();
                 }
                 _ = expiry.tick() => self.outbox().prune_expired(chrono::Utc::now()),
-                _ = heap_check.tick() => {
-                    if let Some(bytes) = heap::release_if_kept() {
-                        debug!(bytes, "freed memory handed back to the kernel");
-                    }
-                }
                 _ = oom_ticker.tick() => {
                     let live = self.live_kills.take();
                     if let Some(oom) = &mut self.oom {
@@ -499,6 +494,7 @@ async fn sample_forever(
     let now = monitor.sample_now();
     // Dropped (their tasks aborted) with this future.
     let _triggers = psi_triggers::spawn(triggers, now.clone());
+    let mut heap_checked = Instant::now();
     loop {
         beat.beat();
         tokio::select! {
@@ -514,8 +510,22 @@ async fn sample_forever(
             }
         }
         let monitor = monitor.clone();
-        if let Err(error) = tokio::task::spawn_blocking(move || monitor.tick()).await {
-            warn!(%error, "sampling round failed");
+        let check_heap = heap_checked.elapsed() >= HEAP_INTERVAL;
+        if check_heap {
+            heap_checked = Instant::now();
+        }
+        let round = tokio::task::spawn_blocking(move || {
+            monitor.tick();
+            if check_heap {
+                heap::release_if_kept()
+            } else {
+                None
+            }
+        });
+        match round.await {
+            Ok(Some(bytes)) => debug!(bytes, "freed memory handed back to the kernel"),
+            Ok(None) => {}
+            Err(error) => warn!(%error, "sampling round failed"),
         }
     }
 }

@@ -38,7 +38,7 @@ pub(crate) fn release_freed() {
 /// back: a burst (thousands of tasks registered or ended at once, a
 /// catch-up of the outbox) leaves tens of MiB of freed pages that glibc
 /// would otherwise keep for good (docs/benchmarks.md, "Footprint").
-pub const KEEP_FREE_BYTES: u64 = 8 << 20;
+pub const KEEP_FREE_BYTES: u64 = 4 << 20;
 
 /// What the heap holds now: resident anonymous memory of the process and
 /// the bytes the allocator has handed out (`None` where it cannot say).
