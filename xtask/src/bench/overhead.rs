@@ -163,22 +163,14 @@ impl Followed {
     /// One followed faultbench under this tree's agent with BPF run-time
     /// statistics on: what the kernel pushed and the agent read for it.
     fn cost(&self, memwatch: &Path, faultbench: &Path) -> anyhow::Result<FollowedCost> {
-        let config = std::env::temp_dir().join(format!(
-            "memwatch-overhead-stats-{}.toml",
-            std::process::id()
-        ));
-        std::fs::write(
-            &config,
-            format!("bpf_stats = true\n{}", Self::rules(&self.parent)),
+        // The rule finds the cgroup (made before the agent starts) first.
+        let (secs, metrics) = with_stats(
+            memwatch,
+            &Self::rules(&self.parent),
+            &[],
+            Duration::from_secs(2),
+            &|| time_workload(faultbench, Some(&self.run)),
         )?;
-        let agent = start_agent(memwatch, &["--config", &config.to_string_lossy()])?;
-        // Let the rule find the cgroup (it exists before the agent starts).
-        thread::sleep(Duration::from_secs(2));
-        let secs = time_workload(faultbench, Some(&self.run))?;
-        thread::sleep(Duration::from_millis(1500));
-        let metrics = http_get(agent.port, "/metrics")?;
-        drop(agent);
-        let _ = std::fs::remove_file(&config);
         let value = |series: &str| metric(&metrics, series).unwrap_or(0.0);
         let cost = FollowedCost {
             secs,
@@ -354,16 +346,7 @@ fn program_cost(
     extra: &[&str],
     program: &str,
 ) -> anyhow::Result<(String, f64, f64)> {
-    let config = std::env::temp_dir().join(format!("memwatch-bench-{}.toml", std::process::id()));
-    std::fs::write(&config, "bpf_stats = true\n")?;
-    let mut args = vec!["--config", config.to_str().unwrap_or_default()];
-    args.extend(extra);
-    let agent = start_agent(memwatch, &args)?;
-    workload()?;
-    // The agent publishes program statistics every second.
-    thread::sleep(Duration::from_millis(1500));
-    let metrics = http_get(agent.port, "/metrics")?;
-    drop(agent);
+    let (_, metrics) = with_stats(memwatch, "", extra, Duration::ZERO, workload)?;
     let value =
         |name: &str| metric(&metrics, &format!("{name}{{program=\"{program}\"}}")).unwrap_or(0.0);
     Ok((
@@ -371,6 +354,33 @@ fn program_cost(
         value("memwatch_probe_program_runs_total"),
         value("memwatch_probe_program_run_seconds_total"),
     ))
+}
+
+/// Runs the workload once under an agent with BPF run-time statistics on
+/// (and `config` beside them, `flags` on its command line), `settle` after
+/// the agent is ready: the workload's seconds and the agent's `/metrics`
+/// after it.
+fn with_stats(
+    memwatch: &Path,
+    config: &str,
+    flags: &[&str],
+    settle: Duration,
+    workload: &dyn Fn() -> anyhow::Result<f64>,
+) -> anyhow::Result<(f64, String)> {
+    let path = std::env::temp_dir().join(format!("memwatch-bench-{}.toml", std::process::id()));
+    std::fs::write(&path, format!("bpf_stats = true\n{config}"))?;
+    let path_arg = path.to_string_lossy().into_owned();
+    let mut args = vec!["--config", path_arg.as_str()];
+    args.extend(flags);
+    let agent = start_agent(memwatch, &args)?;
+    thread::sleep(settle);
+    let secs = workload()?;
+    // The agent publishes program statistics every second.
+    thread::sleep(Duration::from_millis(1500));
+    let metrics = http_get(agent.port, "/metrics")?;
+    drop(agent);
+    let _ = std::fs::remove_file(&path);
+    Ok((secs, metrics))
 }
 
 /// Runs `bin` once (in the memory cgroup `cgroup`, if given) and returns
