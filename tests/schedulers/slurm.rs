@@ -1,17 +1,23 @@
 //! memwatch with a real one-host Slurm cluster (slurmctld + slurmd n1, n2):
 //! a job OOM-killed on n1 is requeued and completes on n2 at once, and a
-//! task only named after a running job requeues nothing; a node whose
+//! task only named after a running job, or a user's own `job_<N>` cgroup,
+//! requeues nothing; a node whose
 //! worker is unhealthy is drained with memwatch's reason and resumed after
 //! recovery; a job's step is signalled (and its node drained) seconds
 //! before its predicted OOM kill. Root only; never skipped in CI.
 
 use std::{
     fs,
-    os::unix::fs::PermissionsExt as _,
+    os::unix::{
+        fs::{MetadataExt as _, PermissionsExt as _},
+        process::ExitStatusExt as _,
+    },
+    path::PathBuf,
+    process::Command,
     time::{Duration, Instant},
 };
 
-use memwatch::EventKind;
+use memwatch::{Event, EventKind};
 use memwatch_test_support::{
     memhog::{RATE_ENV, SIGNAL_FILE_ENV, printed},
     wait::wait_until_every,
@@ -20,7 +26,7 @@ use memwatch_tests::{
     agent::Agent,
     cgroup::TestCgroup,
     kernel_tests_enabled, memhog_in,
-    process::Guarded,
+    process::{Guarded, combined_output, run_bounded},
     slurm::{SlurmCluster, slurm_available},
     workspace_bin,
 };
@@ -45,15 +51,23 @@ fn sink_config(cluster: &SlurmCluster, extra: &str) -> String {
 /// (both slurmd run on this machine: `nodes` says which one answers
 /// `scontrol pidinfo`, as the one slurmd of a host would).
 async fn requeueing_agent(cluster: &SlurmCluster) -> Agent {
-    Agent::start_with_config(&sink_config(
-        cluster,
-        "requeue = \"other_node\"\nnodes = { host = \"n1\" }\n",
+    requeueing_agent_with(cluster, "", "nodes = { host = \"n1\" }\n").await
+}
+
+/// [`requeueing_agent`] with `config` (workers, rules) before its sink
+/// and `sink` (its `nodes`, and more keys) in it.
+async fn requeueing_agent_with(cluster: &SlurmCluster, config: &str, sink: &str) -> Agent {
+    Agent::start_with_config(&format!(
+        "{config}{}",
+        sink_config(cluster, &format!("requeue = \"other_node\"\n{sink}"))
     ))
     .await
 }
 
 /// How often a wait looks: each look runs a Slurm command.
 const SLURM_POLL: Duration = Duration::from_millis(50);
+/// Time for one command of a test (`id`, `useradd`, a `mkdir` as a user).
+const COMMAND_WAIT: Duration = Duration::from_secs(20);
 
 fn state_of(cluster: &SlurmCluster, node: &str) -> String {
     cluster
@@ -242,6 +256,252 @@ sleep 120
     );
     println!(
         "a spoofed slurm-{job} task OOM-killed: job {job} still RUNNING, 0 restarts; {reason}"
+    );
+    cluster.run("scancel", &[&job.to_string()]);
+}
+
+/// The unprivileged local user the user-made cgroup tests run as: made
+/// (a system user, no home, no shell) when missing. Its uid and gid.
+fn attacker() -> (u32, u32) {
+    const USER: &str = "memwatch-attacker";
+    let id = |flag: &str| -> Option<u32> {
+        let out = run_bounded("id", Command::new("id").args([flag, USER]), COMMAND_WAIT);
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    if id("-u").is_none() {
+        let out = run_bounded(
+            "useradd",
+            Command::new("useradd").args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ]),
+            COMMAND_WAIT,
+        );
+        // Another run may have made it in the meantime: only its absence counts.
+        assert!(
+            id("-u").is_some(),
+            "useradd {USER}: {}",
+            combined_output(&out)
+        );
+    }
+    let (uid, gid) = (id("-u"), id("-g"));
+    let (Some(uid), Some(gid)) = (uid, gid) else {
+        panic!("no uid or gid for {USER}");
+    };
+    assert_ne!(uid, 0, "{USER} is root");
+    (uid, gid)
+}
+
+/// A local user with cgroups of their own: theirs to make cgroups in and
+/// move their processes between (v2 asks both of the common ancestor).
+struct User {
+    uid: u32,
+    gid: u32,
+    /// memhog, copied where the user may run it.
+    memhog: PathBuf,
+    _bin: tempfile::TempDir,
+}
+
+impl User {
+    fn new() -> User {
+        let (uid, gid) = attacker();
+        let bin = tempfile::tempdir().unwrap();
+        fs::set_permissions(bin.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let memhog = bin.path().join("memhog");
+        fs::copy(workspace_bin("memhog"), &memhog).unwrap();
+        User {
+            uid,
+            gid,
+            memhog,
+            _bin: bin,
+        }
+    }
+
+    /// Hands `cgroup` (the directory and its `cgroup.procs`) to the user.
+    fn delegate(&self, cgroup: &TestCgroup) {
+        for path in [
+            cgroup.path().to_path_buf(),
+            cgroup.path().join("cgroup.procs"),
+        ] {
+            std::os::unix::fs::chown(&path, Some(self.uid), Some(self.gid))
+                .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+        }
+    }
+
+    /// `setpriv … -- sh -c 'line'` as the user: no root, no groups.
+    fn shell(&self, line: &str) -> String {
+        format!(
+            "setpriv --reuid={} --regid={} --clear-groups -- sh -c '{line}'",
+            self.uid, self.gid
+        )
+    }
+
+    /// Makes the cgroup `dir` as the user (removed on drop).
+    fn mkdir(&self, dir: &std::path::Path) -> MadeCgroup {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(self.shell(&format!("mkdir {}", dir.display())));
+        let made = run_bounded("mkdir as the user", &mut cmd, COMMAND_WAIT);
+        assert!(made.status.success(), "{}", combined_output(&made));
+        assert_eq!(fs::metadata(dir).unwrap().uid(), self.uid, "the user's own");
+        MadeCgroup(dir.to_path_buf())
+    }
+
+    /// The user's memhog of 100 MiB in `dir`, started from `login` (root
+    /// puts the shell there, the user moves it on): it is killed (SIGKILL).
+    fn hog_killed(&self, login: &TestCgroup, dir: &std::path::Path) {
+        let inner = format!(
+            "echo $$ > {}/cgroup.procs && exec {} 100 1",
+            dir.display(),
+            self.memhog.display()
+        );
+        let mut hog = Command::new("sh");
+        hog.arg("-c").arg(login.exec_line(&self.shell(&inner)));
+        let out = run_bounded("the user's hog", &mut hog, Duration::from_secs(60));
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGKILL),
+            "the hog was OOM-killed: {}",
+            combined_output(&out)
+        );
+    }
+}
+
+/// A cgroup someone else made, removed (its processes killed) on drop.
+struct MadeCgroup(PathBuf);
+
+impl Drop for MadeCgroup {
+    fn drop(&mut self) {
+        let _ = memwatch::kill_and_remove(&self.0);
+    }
+}
+
+/// Submits a job that sleeps 120 s and waits until it runs; its id.
+fn running_sleeper(cluster: &SlurmCluster) -> u64 {
+    let script = cluster.dir.path().join("sleeper.sh");
+    fs::write(&script, "#!/bin/sh\nsleep 120\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let job = cluster.sbatch(&script);
+    wait_until_every("the job runs", Duration::from_secs(30), SLURM_POLL, || {
+        cluster.job(job)["JobState"] == "RUNNING"
+    });
+    job
+}
+
+/// The rule's task of the cgroup `dir`, named `<parent>/<dir>`, once the
+/// agent has it (so that the kill there is the task's).
+async fn rule_task(agent: &Agent, dir: &std::path::Path) -> String {
+    let name = |p: &std::path::Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    let task = format!("{}/{}", name(dir.parent().unwrap()), name(dir));
+    agent
+        .wait_for_event(Duration::from_secs(10), "the rule's task_started", |e| {
+            e.body.kind == EventKind::TaskStarted && e.body.task_id.as_deref() == Some(&*task)
+        })
+        .await;
+    task
+}
+
+/// The `oom_kill` of `cgroup` (the rule's `task`) and the Slurm sink's
+/// `action_skipped` for `job` naming it: the skip's reason.
+async fn skipped_for(agent: &Agent, cgroup: &str, task: &str, job: u64) -> (Event, String) {
+    let kill = agent
+        .wait_for_event(Duration::from_secs(30), "oom_kill in job_<J>", |e| {
+            e.body.kind == EventKind::OomKill && e.body.cgroup.as_deref() == Some(cgroup)
+        })
+        .await;
+    assert_eq!(kill.body.task_id.as_deref(), Some(task), "{kill:?}");
+    let skipped = agent
+        .wait_for_event(Duration::from_secs(30), "the requeue skipped", |e| {
+            e.body.kind == EventKind::ActionSkipped
+                && e.body.reason.as_deref().is_some_and(|r| {
+                    r.starts_with(&format!("job {job} not requeued")) && r.contains(cgroup)
+                })
+        })
+        .await;
+    (kill, skipped.body.reason.unwrap_or_default())
+}
+
+/// `job` still runs, never restarted, some seconds on (time for a wrong
+/// requeue to have shown, had one been made).
+async fn still_running(cluster: &SlurmCluster, agent: &Agent, job: u64) {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = cluster.job(job);
+    assert_eq!(
+        (now["JobState"].as_str(), now["Restarts"].as_str()),
+        ("RUNNING", "0"),
+        "{now:?}\n{}",
+        agent.log_text()
+    );
+}
+
+/// A local user (a real uid, no privilege) with a delegated memory cgroup
+/// of its own, outside Slurm's (chowned to it; 64 MiB, set by root), makes
+/// `job_<J>` in it, named after a running job J, and runs a memory hog
+/// there, OOM-killed by that limit. The agent watches the cgroup (a
+/// `[[rule]]` on `job_*`, as slurm.md sets one up for Slurm's) and sees the
+/// kill in `…/job_<J>`: J is not requeued (it keeps running, 0 restarts,
+/// no requeue counted) and the `action_skipped` event says why (not
+/// Slurm's own cgroup, naming `cgroup_roots`). The legitimate requeue
+/// (Slurm's proof of exec's process) is
+/// `slurm_oom_killed_job_is_requeued_and_completes_on_the_other_node`.
+#[tokio::test]
+async fn slurm_a_users_own_job_cgroup_named_after_a_running_job_requeues_nothing() {
+    const TEST: &str = "slurm_a_users_own_job_cgroup_named_after_a_running_job_requeues_nothing";
+    if !setup(TEST) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let user = User::new();
+    let cluster = SlurmCluster::start();
+    let delegated = TestCgroup::create("slurm-delegated");
+    delegated.limit(64 * MIB);
+    let login = delegated.child("login");
+    user.delegate(&delegated);
+    user.delegate(&login);
+    let agent = requeueing_agent_with(
+        &cluster,
+        &format!(
+            "[[worker]]\nname = \"users\"\ncgroup = \"{0}\"\n\
+             [[rule]]\nworker = \"users\"\ncgroup = \"{0}/job_*\"\n",
+            delegated.path_str()
+        ),
+        "nodes = { users = \"n1\" }\n",
+    )
+    .await;
+    let job = running_sleeper(&cluster);
+
+    let job_dir = delegated.path().join(format!("job_{job}"));
+    let _made = user.mkdir(&job_dir);
+    let task = rule_task(&agent, &job_dir).await;
+    user.hog_killed(&login, &job_dir);
+    let cgroup = job_dir.display().to_string();
+    let (kill, reason) = skipped_for(&agent, &cgroup, &task, job).await;
+    assert!(
+        reason.contains(&format!(
+            "not Slurm's own cgroup: its cgroup {cgroup} is not where Slurm keeps job {job} \
+             (cgroup_roots: /sys/fs/cgroup/memory/slurm, /sys/fs/cgroup/system.slice/slurmstepd.scope)"
+        )),
+        "{reason}"
+    );
+    still_running(&cluster, &agent, job).await;
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(
+        !metrics.contains("action=\"requeue\""),
+        "no requeue counted: {metrics}"
+    );
+    assert!(
+        metrics.contains("memwatch_scheduler_actions_total{action=\"skipped\",sink=\"slurm-1\"}"),
+        "{metrics}"
+    );
+    println!(
+        "uid {}'s own cgroup {cgroup} OOM-killed (pid {:?}): job {job} still RUNNING, 0 restarts; {reason}",
+        user.uid, kill.body.pid
     );
     cluster.run("scancel", &[&job.to_string()]);
 }
