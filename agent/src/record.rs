@@ -1,56 +1,67 @@
 //! The one way a new event goes into the outbox: enriched (a cgroup's pod,
-//! container and QoS class, pure; the pod's names when the pod watch knows
-//! them, one read lock), counted in the metrics,
-//! then appended. Probe, watchdog, API, heartbeat and sink events alike pass
+//! container and QoS class, pure; then whatever the sinks lent, such as the
+//! pod's names when a pod watch knows them), counted in the metrics, then
+//! appended. Probe, watchdog, API, heartbeat and sink events alike pass
 //! through [`Recorder::record`]; the outbox itself only stores.
 
+use std::sync::{Arc, OnceLock};
+
 use chrono::{DateTime, Utc};
+use tracing::warn;
 
 use crate::{
     model::{
-        event::{Event, EventBody},
-        pod::{self, PodNames},
+        event::{Enrich, Event, EventBody},
+        pod,
     },
     outbox::Outbox,
     telemetry::Metrics,
 };
 
+/// The enrichers, set once and shared by every clone of a [`Recorder`].
+type Enrichers = Arc<OnceLock<Box<[Arc<dyn Enrich>]>>>;
+
 #[derive(Clone)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     outbox: Outbox,
     metrics: Metrics,
-    /// Pod names by UID, shared by every clone (filled by the Kubernetes
-    /// sink's pod watch; empty without it).
-    pods: PodNames,
+    /// What the sinks lent to enrich events (sinks/mod.rs `Lent`), shared
+    /// by every clone; set once, after the sinks started.
+    enrichers: Enrichers,
 }
 
 impl Recorder {
-    pub fn new(outbox: Outbox, metrics: Metrics) -> Self {
+    pub(crate) fn new(outbox: Outbox, metrics: Metrics) -> Self {
         Self {
             outbox,
             metrics,
-            pods: PodNames::default(),
+            enrichers: Arc::default(),
         }
     }
 
     /// Records an event that happened at `time` (now when `None`).
-    pub fn record(&self, mut body: EventBody, time: Option<DateTime<Utc>>) -> Event {
+    pub(crate) fn record(&self, mut body: EventBody, time: Option<DateTime<Utc>>) -> Event {
         pod::annotate(&mut body);
-        self.pods.name(&mut body);
+        for enricher in self.enrichers.get().into_iter().flatten() {
+            enricher.enrich(&mut body);
+        }
         self.metrics.count_event(&body);
         self.outbox.append(body, time)
     }
 
-    pub fn outbox(&self) -> &Outbox {
+    pub(crate) fn outbox(&self) -> &Outbox {
         &self.outbox
     }
 
-    /// The pod names events are given.
-    pub fn pods(&self) -> &PodNames {
-        &self.pods
+    /// From now on, every event is given what `enrichers` know. Once: the
+    /// daemon calls it after the sinks started; a second call is ignored.
+    pub(crate) fn enrich_with(&self, enrichers: Vec<Arc<dyn Enrich>>) {
+        if self.enrichers.set(enrichers.into()).is_err() {
+            warn!("event enrichers were already set: the second set is ignored");
+        }
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 }

@@ -16,6 +16,8 @@ use std::{
 use memwatch::EventKind;
 use memwatch_tests::ops::{read, repo};
 
+mod sink_guide;
+
 /// A source file of the agent, with `pub(crate)` read as `pub`: the
 /// scanners below look for items whatever their visibility.
 fn source(path: &str) -> String {
@@ -253,16 +255,20 @@ fn configuration_doc_lists_exactly_the_config_keys() {
         }
         code.extend(own);
     }
-    // `[kubernetes]` holds the Kubernetes sink's delivery keys too
-    // (config/kubernetes.rs reads them before the rest).
-    code.get_mut("KubernetesFile")
-        .expect("KubernetesFile in config/kubernetes.rs")
-        .extend(delivery.iter().cloned());
+    // `[kubernetes]` is one table: the pod-task keys (config/kubernetes.rs)
+    // and the Kubernetes sink's (sinks/kubernetes/config.rs, with the
+    // delivery keys), which the config reader hands to the registry.
+    let sink_keys = code
+        .remove("ApiKeys")
+        .expect("ApiKeys in sinks/kubernetes/config.rs");
+    code.get_mut("PodTaskKeys")
+        .expect("PodTaskKeys in config/kubernetes.rs")
+        .extend(sink_keys);
     let table_of = [
         ("FileConfig", ""),
         ("WorkerConfig", "worker"),
         ("RuleConfig", "rule"),
-        ("KubernetesFile", "kubernetes"),
+        ("PodTaskKeys", "kubernetes"),
         ("WebhookFile", "webhook"),
         ("NatsFile", "nats"),
         ("OtlpFile", "otlp"),

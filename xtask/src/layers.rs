@@ -6,6 +6,14 @@
 //! starts with `crate`, `$crate`, `super` or `self` is followed, through use
 //! groups, until it names a top-level module. Inline `mod x { … }` blocks are
 //! tracked so `super` climbs from the right place.
+//!
+//! Sinks are checked one level down as well: a sink is a folder under
+//! agent/src/sinks with a `mod.rs`, and only the registry (sinks/mod.rs) and
+//! the sink's own folder may name it (`sinks::<name>`, `super::<name>` from
+//! a sibling, a bare `sinks::<name>` after `use crate::sinks`). What the rest
+//! of the agent needs from a sink is lent through `sinks::Lent`. Test files
+//! (`tests.rs`, anything under a `tests/` folder) are exempt: a test builds
+//! the config it needs.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -117,6 +125,8 @@ pub(crate) fn check(root: &Path, rules: &Rules) -> anyhow::Result<Report> {
     let mut modules: BTreeMap<String, String> = BTreeMap::new();
     let mut imports = Vec::new();
     let mut scanned = 0;
+    let sinks = sink_names(&src);
+    let mut sink_problems = Vec::new();
     for path in &files {
         let rel = path.strip_prefix(&src).expect("under src");
         if rel.components().count() == 1 && ROOTS.iter().any(|r| rel == Path::new(r)) {
@@ -132,7 +142,15 @@ pub(crate) fn check(root: &Path, rules: &Rules) -> anyhow::Result<Report> {
             fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         scanned += 1;
         for (to, line) in references(&text, &module_path) {
-            if to != top {
+            if let Some(sink) = to.strip_prefix("sinks::") {
+                if sinks.contains(sink) && !may_name_sink(rel, &module_path, sink) {
+                    sink_problems.push(format!(
+                        "{shown}:{line}: names the `{sink}` sink outside the registry \
+                         (agent/src/sinks/mod.rs) and its own folder; lend what is needed \
+                         through sinks::Lent (docs/writing-a-sink.md)"
+                    ));
+                }
+            } else if to != top {
                 imports.push(Import {
                     file: shown.clone(),
                     line,
@@ -181,6 +199,8 @@ pub(crate) fn check(root: &Path, rules: &Rules) -> anyhow::Result<Report> {
         }
     }
     problems.extend(cycles(&imports, &modules));
+    sink_problems.dedup();
+    problems.extend(sink_problems);
     Ok(Report {
         files: scanned,
         imports: imports.len(),
@@ -198,6 +218,28 @@ pub(crate) fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sinks: folders under `src`/sinks with a `mod.rs`.
+fn sink_names(src: &Path) -> BTreeSet<String> {
+    let Ok(entries) = fs::read_dir(src.join("sinks")) else {
+        return BTreeSet::new();
+    };
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("mod.rs").is_file())
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect()
+}
+
+/// Whether the file at `rel` (module `module_path`) may name `sink`: the
+/// registry, the sink's own folder, and test files.
+fn may_name_sink(rel: &Path, module_path: &[String], sink: &str) -> bool {
+    let test_file = rel.file_name().is_some_and(|n| n == "tests.rs")
+        || rel.components().any(|c| c.as_os_str() == "tests");
+    test_file
+        || module_path == ["sinks"]
+        || (module_path.len() >= 2 && module_path[0] == "sinks" && module_path[1] == sink)
 }
 
 /// Where a top-level module is, for reports: `x.rs`, `x/mod.rs` or `x/`.
@@ -365,6 +407,16 @@ fn references(text: &str, here: &[String]) -> Vec<(String, usize)> {
                 i = follow(&tokens, i + 1, base, &mut refs);
                 continue;
             }
+            // `sinks::x` after `use crate::sinks`: the top-level import is
+            // already counted, so only what is below it is followed.
+            Kind::Ident(word)
+                if word == "sinks"
+                    && !(i > 0 && tokens[i - 1].kind == Kind::PathSep)
+                    && tokens.get(i + 1).is_some_and(|t| t.kind == Kind::PathSep) =>
+            {
+                i = follow(&tokens, i + 1, Some(vec![word.clone()]), &mut refs);
+                continue;
+            }
             _ => {}
         }
         i += 1;
@@ -414,6 +466,9 @@ fn step(
         _ => {
             if base.is_empty() {
                 refs.push((name.clone(), token.line));
+            } else if base == ["sinks"] {
+                // One level down, for the sink check: `sinks::<name>`.
+                refs.push((format!("sinks::{name}"), token.line));
             }
             base.push(name.clone());
         }

@@ -32,7 +32,7 @@ use crate::{
         status::{SocketStatus, StatusFn},
     },
     outbox::Outbox,
-    sinks::slurm::JobProofs,
+    sinks::Lent,
     telemetry::liveness::Liveness,
     watchdog::self_health::ProbeState,
 };
@@ -58,9 +58,9 @@ pub(crate) struct AppState {
     pub status: StatusFn,
     /// Whether the agent's loops make progress (`/live`).
     pub liveness: Liveness,
-    /// Asks Slurm which job a task's registering process is in (only with
-    /// a Slurm sink that requeues).
-    pub job_proofs: Option<JobProofs>,
+    /// What the sinks lent: told of each registration before the answer
+    /// (a Slurm sink asks which job the registering process is in).
+    pub lent: Lent,
 }
 
 impl AppState {

@@ -69,15 +69,14 @@ pub(crate) async fn create(
         .map_err(join_error)?
         .map_err(watchdog_error)?;
     // Before the answer: `memwatch exec` starts its workload only then.
-    if let Some(proofs) = &state.job_proofs {
-        let pid = match peer {
-            Some(Extension(Peer::Unix { pid, .. })) => pid,
-            _ => None,
-        };
-        proofs
-            .check(&task_id, Some(&registration.worker), pid)
-            .await;
-    }
+    let process = match peer {
+        Some(Extension(Peer::Unix { pid, .. })) => pid,
+        _ => None,
+    };
+    state
+        .lent
+        .task_registered(&task_id, Some(&registration.worker), process)
+        .await;
     let (code, verdict, reason) = match registration.admission {
         Admission::Accepted => (StatusCode::CREATED, "accepted", None),
         Admission::Flagged { reason } => (StatusCode::CREATED, "flagged", Some(reason)),

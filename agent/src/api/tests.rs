@@ -71,7 +71,7 @@ pub(crate) fn state_with_tokens(reader: FakeReader, tokens: auth::Tokens) -> App
         agent_uid: AGENT_UID,
         owners: Arc::new(owned::tests::FakeOwners::default()),
         socket: None,
-        job_proofs: None,
+        lent: Default::default(),
     }
 }
 

@@ -76,7 +76,7 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
         socket: socket_status,
         status: daemon.status().clone(),
         liveness: daemon.liveness().clone(),
-        job_proofs: daemon.job_proofs().cloned(),
+        lent: daemon.lent().clone(),
     };
     let router = api::router(app);
     let (stop_server, server_stopped) = watch::channel(false);

@@ -2,78 +2,53 @@
 //! `api = true`) the Kubernetes sink: a node condition, a taint under the
 //! cluster guard, Events, pods by name (sinks/kubernetes).
 
-use std::path::PathBuf;
-
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
 use crate::{
     model::spec::{HOST_WORKER, WorkerSpec},
-    sinks::{
-        config::{Delivery, SinkTable},
-        kubernetes::{ApiKeys, KubernetesSinkConfig},
-    },
+    sinks::SinkConfig,
 };
 
-/// `[kubernetes]` as written, but for the delivery keys (taken out first).
+/// The pod-task keys of `[kubernetes]`; the rest of the table is the
+/// sink's, read through the sink registry.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct KubernetesFile {
-    pub(crate) pod_tasks: Option<bool>,
-    pub(crate) worker: Option<String>,
-    pub(crate) api: Option<bool>,
-    pub(crate) api_server: Option<String>,
-    pub(crate) token_file: Option<PathBuf>,
-    pub(crate) ca_file: Option<PathBuf>,
-    pub(crate) condition: Option<bool>,
-    pub(crate) taint: Option<bool>,
-    pub(crate) events: Option<bool>,
-    pub(crate) pod_names: Option<bool>,
-    pub(crate) min_remaining: Option<usize>,
-    pub(crate) min_remaining_fraction: Option<f64>,
+struct PodTaskKeys {
+    pod_tasks: Option<bool>,
+    worker: Option<String>,
 }
 
 /// Reads the `[kubernetes]` table: its pod-task settings, and the sink
-/// when `api = true`. A key of the API written while `api` is off is an
-/// error naming it (it would do nothing).
+/// when its keys turn it on (`api = true`).
 pub(crate) fn read(
-    table: toml::Table,
-) -> Result<(Kubernetes, Option<KubernetesSinkConfig>), ConfigError> {
-    let mut table = SinkTable::single("kubernetes", table);
-    let delivery = table.delivery(Delivery::default(), true)?;
-    let written_delivery = delivery != Delivery::default();
-    let file: KubernetesFile = table.rest()?;
+    mut table: toml::Table,
+) -> Result<(Kubernetes, Option<SinkConfig>), ConfigError> {
+    let mine: toml::Table = ["pod_tasks", "worker"]
+        .into_iter()
+        .filter_map(|key| table.remove_entry(key))
+        .collect();
+    let keys = PodTaskKeys::deserialize(toml::Value::Table(mine))
+        .map_err(|e| invalid("kubernetes", e.to_string().trim_end()))?;
     let settings = Kubernetes {
-        pod_tasks: file.pod_tasks.unwrap_or(false),
-        worker: file.worker,
+        pod_tasks: keys.pod_tasks.unwrap_or(false),
+        worker: keys.worker,
     };
-    let keys = ApiKeys {
-        api_server: file.api_server,
-        token_file: file.token_file,
-        ca_file: file.ca_file,
-        condition: file.condition,
-        taint: file.taint,
-        events: file.events,
-        pod_names: file.pod_names,
-        min_remaining: file.min_remaining,
-        min_remaining_fraction: file.min_remaining_fraction,
+    let sink = match SinkConfig::from_single("kubernetes", table.clone()) {
+        Some(sink) => sink?,
+        // This build has no sink that reads the rest of the table.
+        None => match table.keys().next() {
+            Some(key) => {
+                return Err(invalid(
+                    format!("kubernetes.{key}"),
+                    "this memwatch was built without its Kubernetes sink: rebuild with it, \
+                     or remove the key",
+                ));
+            }
+            None => None,
+        },
     };
-    if !file.api.unwrap_or(false) {
-        if let Some(key) = keys
-            .written()
-            .first()
-            .copied()
-            .or(written_delivery.then_some("timeout"))
-        {
-            return Err(invalid(
-                format!("kubernetes.{key}"),
-                "needs `api = true` (the agent talks to the Kubernetes API only then)",
-            ));
-        }
-        return Ok((settings, None));
-    }
-    let sink = KubernetesSinkConfig::from_keys(&table, delivery, keys)?;
-    Ok((settings, Some(sink)))
+    Ok((settings, sink))
 }
 
 /// Kubernetes settings after defaults.

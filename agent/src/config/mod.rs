@@ -19,13 +19,13 @@ use self::token_file::token_file;
 use crate::{
     model::{
         spec::{
-            DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, MemorySource, OnResidualOverCap,
-            PredictRule, PressureRule, Rule, Settings, WorkerSpec, basis_points,
+            DEFAULT_RECOVER_AFTER, DEFAULT_UNHEALTHY_AFTER, HOST_WORKER, MemorySource,
+            OnResidualOverCap, PredictRule, PressureRule, Rule, Settings, WorkerSpec, basis_points,
         },
         units::{Size, Span},
     },
     outbox,
-    sinks::{self, SinkConfig, config::InvalidKey, webhook::WebhookConfig},
+    sinks::{self, SinkConfig, config::InvalidKey},
     telemetry::LogFormat,
 };
 
@@ -323,15 +323,7 @@ impl Config {
         if let Some(dir) = &overrides.state_dir {
             config.state_dir = dir.clone();
         }
-        if !overrides.webhooks.is_empty() {
-            config
-                .sinks
-                .retain(|s| !matches!(s, SinkConfig::Webhook(_)));
-            for (i, url) in overrides.webhooks.iter().enumerate() {
-                let webhook = WebhookConfig::from_flag(i, url)?;
-                config.sinks.push(SinkConfig::Webhook(webhook));
-            }
-        }
+        sinks::apply_flags(&mut config.sinks, &overrides.webhooks)?;
         config.validate()?;
         Ok(config)
     }
@@ -508,7 +500,7 @@ impl Config {
         Ok(())
     }
 
-    /// Worker names are unique; rules, `[kubernetes]` and Slurm's `nodes`
+    /// Worker names are unique; rules, `[kubernetes]` and the sinks (Slurm's `nodes`)
     /// name declared workers.
     fn validate_workers(&self) -> Result<(), ConfigError> {
         let mut names = std::collections::HashSet::new();
@@ -529,23 +521,9 @@ impl Config {
                 ));
             }
         }
-        let slurm = self.sinks.iter().filter_map(|s| match s {
-            SinkConfig::Slurm(slurm) => Some(slurm),
-            _ => None,
-        });
-        for (i, s) in slurm.enumerate() {
-            // With no [[worker]], the host is the one worker, named `host`.
-            if let Some(w) = s
-                .nodes
-                .keys()
-                .find(|w| !(names.contains(w.as_str()) || names.is_empty() && *w == "host"))
-            {
-                return Err(invalid(
-                    format!("slurm[{i}].nodes.{w}"),
-                    "is not a declared [[worker]]",
-                ));
-            }
-        }
+        // With no [[worker]], the host is the one worker, named `host`.
+        let declared = |w: &str| names.contains(w) || names.is_empty() && w == HOST_WORKER;
+        sinks::check_workers(&self.sinks, &declared)?;
         Ok(())
     }
 }
@@ -586,7 +564,7 @@ fn parse_file(path: &Path) -> Result<(FileConfig, Vec<SinkConfig>), ConfigError>
     let kubernetes = match table.remove("kubernetes") {
         Some(toml::Value::Table(k)) => {
             let (settings, sink) = kubernetes::read(k)?;
-            sinks.extend(sink.map(SinkConfig::Kubernetes));
+            sinks.extend(sink);
             Some(settings)
         }
         Some(_) => return Err(invalid("kubernetes", "must be a table: [kubernetes]")),

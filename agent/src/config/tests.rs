@@ -1,5 +1,8 @@
 use super::*;
-use crate::sinks::{config::Secret, webhook::WebhookFormat};
+use crate::sinks::{
+    config::Secret,
+    webhook::{WebhookConfig, WebhookFormat},
+};
 
 fn file(text: &str) -> tempfile::NamedTempFile {
     let f = tempfile::NamedTempFile::new().unwrap();

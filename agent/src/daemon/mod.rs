@@ -49,10 +49,7 @@ use crate::{
     outbox::{self, Outbox},
     probe::{counters::CounterPublisher, ebpf::ProbeError, privilege},
     record::Recorder,
-    sinks::{
-        self, ActionGate, SinkConfig, SinkContext, WorkerEta, WorkerHealth,
-        dask::names::SchedulerNames, slurm::JobProofs,
-    },
+    sinks::{self, ActionGate, Lent, SinkContext, WorkerEta, WorkerHealth},
     telemetry::{
         Metrics, heap,
         liveness::{Beat, IDLE_BEAT, Liveness},
@@ -89,7 +86,6 @@ pub(crate) struct Daemon {
     hierarchy: MemoryHierarchy,
     monitor: Arc<Monitor>,
     probe_state: Arc<Mutex<ProbeState>>,
-    names: SchedulerNames,
     status: StatusFn,
     /// Turns true at shutdown: sinks and heartbeats stop.
     stop_tasks: watch::Sender<bool>,
@@ -103,8 +99,8 @@ pub(crate) struct Daemon {
     live_kills: LiveKills,
     /// Whether each loop makes progress.
     liveness: Liveness,
-    /// Which Slurm job each task's process is in (a requeueing Slurm sink).
-    job_proofs: Option<JobProofs>,
+    /// What the sinks lent (sinks/mod.rs): the API's registration hooks.
+    lent: Lent,
 }
 
 impl Daemon {
@@ -156,16 +152,8 @@ impl Daemon {
             liveness.clone(),
         );
         let (stop_tasks, tasks_stopped) = watch::channel(false);
-        let names = SchedulerNames::default();
         let workers = all_workers(&config);
         let gate = action_gate(&outbox, &workers);
-        let job_proofs = JobProofs::for_sinks(
-            config.sinks.iter().filter_map(|s| match s {
-                SinkConfig::Slurm(slurm) => Some(slurm),
-                _ => None,
-            }),
-            &config.node_name,
-        );
         let sink_context = SinkContext {
             outbox,
             recorder: recorder.clone(),
@@ -174,14 +162,12 @@ impl Daemon {
             node_name: config.node_name.clone(),
             state_dir: config.state_dir.clone(),
             workers,
-            names: names.clone(),
             health: worker_health(&monitor),
             eta: worker_eta(&monitor),
             gate,
             liveness: liveness.clone(),
-            job_proofs: job_proofs.clone(),
         };
-        let tasks = sinks::start_all(&config.sinks, &sink_context)?;
+        let (tasks, lent) = sinks::start_all(&config.sinks, &sink_context)?;
         Ok(Self {
             config,
             registry,
@@ -190,7 +176,6 @@ impl Daemon {
             hierarchy,
             monitor,
             probe_state,
-            names,
             status,
             stop_tasks,
             tasks,
@@ -198,7 +183,7 @@ impl Daemon {
             oom: None,
             live_kills: LiveKills::default(),
             liveness,
-            job_proofs,
+            lent,
         })
     }
 
@@ -230,8 +215,9 @@ impl Daemon {
         &self.liveness
     }
 
-    pub(crate) fn job_proofs(&self) -> Option<&JobProofs> {
-        self.job_proofs.as_ref()
+    /// What the sinks lent the rest of the agent.
+    pub(crate) fn lent(&self) -> &Lent {
+        &self.lent
     }
 
     pub(crate) fn status(&self) -> &StatusFn {
@@ -339,7 +325,6 @@ impl Daemon {
         let pipeline = Pipeline {
             monitor: self.monitor.clone(),
             recorder: self.recorder.clone(),
-            names: self.names.clone(),
             live_kills: self.live_kills.clone(),
         };
         let beat = self.liveness.register("pipeline", IDLE_BEAT);

@@ -11,7 +11,6 @@ use crate::{
     model::event::{EventBody, EventKind, OomDetails},
     probe::{OomCount, OomVictim, ProbeEvent},
     record::Recorder,
-    sinks::dask::names::SchedulerNames,
     telemetry::liveness::{Beat, IDLE_BEAT},
 };
 
@@ -29,8 +28,6 @@ pub(crate) struct Pipeline {
     pub recorder: Recorder,
     /// Where live kills are noted, for the OOM counters' check.
     pub live_kills: LiveKills,
-    /// Scheduler names of processes (Dask addresses), for `oom_kill` events.
-    pub names: SchedulerNames,
 }
 
 impl Pipeline {
@@ -108,7 +105,6 @@ impl Pipeline {
                 let (task_id, worker, task_ended) = self.monitor.attribute_oom(cgroup, victim.pid);
                 body.task_id = task_id;
                 body.worker = worker;
-                body.scheduler_worker = self.names.get(victim.pid);
                 let event = self.recorder.record(body, Some(victim.time));
                 let timeline = &self.recorder.metrics().timeline;
                 let read_wall = chrono::Utc::now()
@@ -266,7 +262,6 @@ mod tests {
             monitor: Arc::new(monitor),
             recorder,
             live_kills: LiveKills::default(),
-            names: SchedulerNames::default(),
         }
     }
 

@@ -3,6 +3,14 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+/// Adds what one part of the agent knows to every event before it is
+/// stored (a pod's names, the scheduler's name of a killed process). A sink
+/// lends one through its start (sinks/mod.rs `Lent`); the recorder asks
+/// each in turn. Cheap and non-blocking: it runs for every event.
+pub(crate) trait Enrich: Send + Sync {
+    fn enrich(&self, body: &mut EventBody);
+}
+
 /// What happened. Serialized in snake_case (`oom_kill`, `agent_started`, …).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

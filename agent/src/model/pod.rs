@@ -22,7 +22,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{model::event::EventBody, model::spec::Rule};
+use crate::model::{
+    event::{Enrich, EventBody},
+    spec::Rule,
+};
 
 /// The pod's quality-of-service class, from the kubelet's cgroup layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -86,7 +89,7 @@ pub(crate) const DELETED_POD_KEPT: std::time::Duration = std::time::Duration::fr
 
 /// A pod as the API names it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PodName {
+pub(crate) struct PodName {
     pub namespace: String,
     pub name: String,
     /// Container names by runtime id (without `containerd://`).
@@ -96,7 +99,7 @@ pub struct PodName {
 /// Pod names by UID, shared: filled from a watch of the node's pods
 /// (sinks/kubernetes/pods.rs), read by every event with a `pod_uid`.
 #[derive(Clone, Debug, Default)]
-pub struct PodNames(Arc<RwLock<Names>>);
+pub(crate) struct PodNames(Arc<RwLock<Names>>);
 
 #[derive(Debug, Default)]
 struct Names {
@@ -107,28 +110,19 @@ struct Names {
 
 impl PodNames {
     /// The pod of `uid`, when known.
-    pub fn get(&self, uid: &str) -> Option<PodName> {
+    pub(crate) fn get(&self, uid: &str) -> Option<PodName> {
         self.read().pods.get(uid).cloned()
     }
 
-    /// How many pods are known (deleted ones kept included).
-    pub fn len(&self) -> usize {
-        self.read().pods.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Adds or replaces a pod.
-    pub fn insert(&self, uid: String, pod: PodName) {
+    pub(crate) fn insert(&self, uid: String, pod: PodName) {
         let mut names = self.write();
         names.deleted.retain(|(u, _)| *u != uid);
         names.pods.insert(uid, pod);
     }
 
     /// A pod was deleted: its names stay for a while.
-    pub fn delete(&self, uid: &str) {
+    pub(crate) fn delete(&self, uid: &str) {
         let mut names = self.write();
         let now = Instant::now();
         names.deleted.push((uid.to_string(), now));
@@ -137,7 +131,7 @@ impl PodNames {
 
     /// A fresh list replaces what was known (a watch restarted): pods not
     /// in it count as deleted now.
-    pub fn replace(&self, pods: HashMap<String, PodName>) {
+    pub(crate) fn replace(&self, pods: HashMap<String, PodName>) {
         let mut names = self.write();
         let now = Instant::now();
         let gone: Vec<String> = names
@@ -153,9 +147,20 @@ impl PodNames {
         names.prune(now);
     }
 
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Names> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Names> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Lent by the Kubernetes sink, whose pod watch fills it.
+impl Enrich for PodNames {
     /// Fills `pod_namespace`, `pod_name` and `container_name` of an event
     /// that has a `pod_uid`, when the pod is known.
-    pub(crate) fn name(&self, body: &mut EventBody) {
+    fn enrich(&self, body: &mut EventBody) {
         let Some(uid) = body.pod_uid.as_deref() else {
             return;
         };
@@ -170,14 +175,6 @@ impl PodNames {
             .as_deref()
             .and_then(|id| pod.containers.get(id))
             .cloned();
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Names> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Names> {
-        self.0.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 

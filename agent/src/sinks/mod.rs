@@ -21,11 +21,12 @@ pub(crate) mod webhook;
 
 use std::{path::PathBuf, sync::Arc};
 
+use futures_util::future::BoxFuture;
 use tokio::{sync::watch, task::JoinHandle};
 
 use self::{
     config::{InvalidKey, SinkTable},
-    dask::{DaskConfig, names::SchedulerNames},
+    dask::DaskConfig,
     delivery::Sink,
     kubernetes::KubernetesSinkConfig,
     nats::NatsConfig,
@@ -34,8 +35,9 @@ use self::{
 };
 use crate::{
     model::{
-        event::{EventBody, EventKind},
+        event::{Enrich, EventBody, EventKind},
         health::Health,
+        process::SeenProcess,
         spec::WorkerSpec,
     },
     outbox::Outbox,
@@ -146,7 +148,7 @@ pub(crate) fn report(
 
 /// What every sink is started with.
 #[derive(Clone)]
-pub struct SinkContext {
+pub(crate) struct SinkContext {
     pub outbox: Outbox,
     /// For the events a sink makes itself (`guard_blocked`).
     pub recorder: Recorder,
@@ -157,8 +159,6 @@ pub struct SinkContext {
     pub state_dir: PathBuf,
     /// Every worker (the host worker when none is configured).
     pub workers: Arc<[WorkerSpec]>,
-    /// Scheduler names of processes, filled by the Dask sinks.
-    pub names: SchedulerNames,
     /// Each worker's health now.
     pub(crate) health: WorkerHealth,
     /// Each worker's predicted kill now.
@@ -167,14 +167,11 @@ pub struct SinkContext {
     pub(crate) gate: ActionGate,
     /// Where the sinks' loops say they make progress.
     pub(crate) liveness: Liveness,
-    /// Which Slurm job each task's process is in, as Slurm says it (filled
-    /// at registration by the API; read by the Slurm sink's requeues).
-    pub(crate) job_proofs: Option<slurm::JobProofs>,
 }
 
 impl SinkContext {
     /// Runs `sink`'s delivery loop until shutdown, watched for progress.
-    pub fn spawn_delivery<S: Sink>(&self, sink: S) -> JoinHandle<()> {
+    pub(crate) fn spawn_delivery<S: Sink>(&self, sink: S) -> JoinHandle<()> {
         let beat = self.liveness.register(
             &format!("sink {}", sink.name()),
             delivery::beat_period(sink.delivery()),
@@ -189,27 +186,119 @@ impl SinkContext {
     }
 }
 
+/// Told of every task registration before it is answered, so that a sink
+/// can learn what only the registering process shows (a Slurm sink asks
+/// Slurm which job the caller's process is in). Bounded by the sink.
+pub(crate) trait OnRegister: Send + Sync {
+    /// `peer`: the caller's process, when it came over the local socket.
+    fn registered<'a>(
+        &'a self,
+        task_id: &'a str,
+        worker: Option<&'a str>,
+        peer: Option<SeenProcess>,
+    ) -> BoxFuture<'a, ()>;
+}
+
+/// What started sinks lend the rest of the agent: the one seam through
+/// which the recorder, the daemon and the API use a sink's state without
+/// naming a sink. A sink keeps its state in its own folder and lends a
+/// handle to it here from [`Start::start`].
+#[derive(Clone, Default)]
+pub(crate) struct Lent {
+    /// Given every event before it is stored (the Kubernetes sink's pod
+    /// names, the Dask sink's worker addresses): `Recorder::enrich_with`.
+    pub(crate) enrichers: Vec<Arc<dyn Enrich>>,
+    /// Told of each task registration before the API answers it (the
+    /// Slurm sink's job proofs).
+    on_register: Vec<Arc<dyn OnRegister>>,
+}
+
+impl Lent {
+    /// Lends `enricher` (given every event before it is stored).
+    pub(crate) fn enricher(mut self, enricher: Arc<dyn Enrich>) -> Self {
+        self.enrichers.push(enricher);
+        self
+    }
+
+    /// Lends `hook` (told of each task registration).
+    pub(crate) fn on_register(mut self, hook: Arc<dyn OnRegister>) -> Self {
+        self.on_register.push(hook);
+        self
+    }
+
+    fn extend(&mut self, other: Lent) {
+        self.enrichers.extend(other.enrichers);
+        self.on_register.extend(other.on_register);
+    }
+
+    /// Tells every sink that lent a hook that `task_id` was registered, one
+    /// after another (each bounds its own wait).
+    pub(crate) async fn task_registered(
+        &self,
+        task_id: &str,
+        worker: Option<&str>,
+        peer: Option<SeenProcess>,
+    ) {
+        for hook in &self.on_register {
+            hook.registered(task_id, worker, peer).await;
+        }
+    }
+}
+
+/// A started sink: its tasks, and what it lends.
+pub(crate) struct Started {
+    pub tasks: Vec<JoinHandle<()>>,
+    pub lent: Lent,
+}
+
+impl Started {
+    /// A sink that lends nothing.
+    pub(crate) fn tasks(tasks: Vec<JoinHandle<()>>) -> Self {
+        Self {
+            tasks,
+            lent: Lent::default(),
+        }
+    }
+}
+
 /// What each sink's config type does besides being read.
 pub(crate) trait Start {
     /// Label on metrics and key of the sink's cursor.
     fn name(&self) -> &str;
-    /// Starts the sink: its delivery loop and any task of its own.
-    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>>;
+    /// Starts the sink: its delivery loop and any task of its own, and
+    /// what it lends the rest of the agent.
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started>;
+    /// Checks the workers the sink's config names (`index`: its place
+    /// among the sinks of its table); `declared`: whether a worker of that
+    /// name is watched. Most sinks name none.
+    fn check_workers(
+        &self,
+        _index: usize,
+        _declared: &dyn Fn(&str) -> bool,
+    ) -> Result<(), InvalidKey> {
+        Ok(())
+    }
 }
 
 /// The registry: each line names a config table and the sink's config type
 /// (which implements [`Start`] and has `from_table(SinkTable)`).
-/// The single-table sinks after `;` are read by their own table's reader
-/// (`[kubernetes]`: config/kubernetes.rs), not as `[[table]]`s.
+/// The single-table sinks after `;` share their one `[table]` with other
+/// settings (`[kubernetes]` also holds the pod-task keys, read by
+/// config/kubernetes.rs, which hands the rest here): their config type has
+/// `from_single(SinkTable) -> Result<Option<Self>, InvalidKey>` (`None`:
+/// the table does not turn the sink on).
 /// A line may start with attributes (`#[cfg(feature = "otlp")]`): they
 /// apply to everything the macro makes of that line.
 macro_rules! sinks {
-    ($($(#[$meta:meta])* $table:literal => $variant:ident($config:ty)),+ ; $($single:ident($sconfig:ty)),* $(,)?) => {
+    (
+        $($(#[$meta:meta])* $table:literal => $variant:ident($config:ty)),+ ;
+        $($(#[$smeta:meta])* $stable:literal => $single:ident($sconfig:ty)),* $(,)?
+    ) => {
         /// One configured sink, of any kind.
         #[derive(Clone, Debug, PartialEq)]
         pub enum SinkConfig {
             $($(#[$meta])* $variant($config),)+
-            $($single($sconfig),)*
+            $($(#[$smeta])* $single($sconfig),)*
         }
 
         /// The config file's sink tables: `[[webhook]]`, …
@@ -231,10 +320,26 @@ macro_rules! sinks {
                 }
             }
 
+            /// Reads the sink's keys of the one `[table]` (what is left of
+            /// it once its other settings are taken out); `None` when no
+            /// single-table sink of this build reads `table`.
+            pub(crate) fn from_single(
+                table: &str,
+                value: toml::Table,
+            ) -> Option<Result<Option<Self>, InvalidKey>> {
+                match table {
+                    $($(#[$smeta])* $stable => Some(
+                        <$sconfig>::from_single(SinkTable::single($stable, value))
+                            .map(|sink| sink.map(Self::$single)),
+                    ),)*
+                    _ => None,
+                }
+            }
+
             fn kind(&self) -> &dyn Start {
                 match self {
                     $($(#[$meta])* Self::$variant(config) => config,)+
-                    $(Self::$single(config) => config,)*
+                    $($(#[$smeta])* Self::$single(config) => config,)*
                 }
             }
         }
@@ -248,7 +353,40 @@ sinks! {
     "slurm" => Slurm(SlurmConfig),
     #[cfg(feature = "otlp")]
     "otlp" => Otlp(otlp::OtlpConfig);
-    Kubernetes(KubernetesSinkConfig),
+    "kubernetes" => Kubernetes(KubernetesSinkConfig),
+}
+
+/// The sinks given on the command line: `--webhook URL`, repeatable. When
+/// any is given they replace the file's `[[webhook]]`s, in order.
+pub(crate) fn apply_flags(
+    sinks: &mut Vec<SinkConfig>,
+    webhooks: &[String],
+) -> Result<(), InvalidKey> {
+    if webhooks.is_empty() {
+        return Ok(());
+    }
+    sinks.retain(|s| !matches!(s, SinkConfig::Webhook(_)));
+    for (i, url) in webhooks.iter().enumerate() {
+        sinks.push(SinkConfig::Webhook(WebhookConfig::from_flag(i, url)?));
+    }
+    Ok(())
+}
+
+/// Checks every sink's named workers against `declared` (the Slurm sink's
+/// `nodes`): [`Start::check_workers`], with each sink's index in its table.
+pub(crate) fn check_workers(
+    sinks: &[SinkConfig],
+    declared: &dyn Fn(&str) -> bool,
+) -> Result<(), InvalidKey> {
+    for (i, sink) in sinks.iter().enumerate() {
+        let kind = std::mem::discriminant(sink);
+        let index = sinks[..i]
+            .iter()
+            .filter(|s| std::mem::discriminant(*s) == kind)
+            .count();
+        sink.kind().check_workers(index, declared)?;
+    }
+    Ok(())
 }
 
 /// Sink tables this build was made without (their Cargo feature off):
@@ -264,19 +402,24 @@ impl SinkConfig {
         self.kind().name()
     }
 
-    pub fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    pub(crate) fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started> {
         self.kind().start(ctx)
     }
 }
 
-/// Starts every configured sink.
+/// Starts every configured sink: their tasks, and what they lend, of
+/// which the enrichers are already given to `ctx.recorder`.
 pub(crate) fn start_all(
     sinks: &[SinkConfig],
     ctx: &SinkContext,
-) -> anyhow::Result<Vec<JoinHandle<()>>> {
+) -> anyhow::Result<(Vec<JoinHandle<()>>, Lent)> {
     let mut tasks = Vec::new();
+    let mut lent = Lent::default();
     for sink in sinks {
-        tasks.extend(sink.start(ctx)?);
+        let started = sink.start(ctx)?;
+        tasks.extend(started.tasks);
+        lent.extend(started.lent);
     }
-    Ok(tasks)
+    ctx.recorder.enrich_with(lent.enrichers.clone());
+    Ok((tasks, lent))
 }

@@ -356,3 +356,97 @@ fn the_real_agent_tree_scans() {
     assert!(report.files > 10, "{report:?}");
     assert!(report.imports > 10, "{report:?}");
 }
+
+/// The clean tree with two sinks (`webhook`, `slurm`) and a registry that
+/// names them, plus a sink-independent piece (`sinks/config.rs`).
+const WITH_SINKS: &[(&str, &str)] = &[
+    (
+        "sinks/mod.rs",
+        "pub mod config;\npub mod slurm;\npub mod webhook;\n\
+         use self::{slurm::SlurmSink, webhook::WebhookSink};\n\
+         pub fn start() { crate::sinks::webhook::start() }\n",
+    ),
+    ("sinks/config.rs", "pub struct Secret;\n"),
+    (
+        "sinks/webhook/mod.rs",
+        "mod body;\nuse super::config::Secret;\nuse crate::sinks::webhook::body::Body;\n",
+    ),
+    (
+        "sinks/webhook/body.rs",
+        "use super::super::webhook::WebhookSink;\n",
+    ),
+    ("sinks/slurm/mod.rs", "pub struct SlurmSink;\n"),
+    (
+        "sinks/slurm/tests.rs",
+        "use crate::sinks::webhook::WebhookSink;\n",
+    ),
+    (
+        "config/tests.rs",
+        "use crate::sinks::{config::Secret, slurm::SlurmConfig};\n",
+    ),
+    (
+        "daemon/mod.rs",
+        "mod monitor;\nuse crate::{config, sinks::{self, Lent, config::Secret}};\n\
+         fn f() { sinks::start() }\n",
+    ),
+];
+
+#[test]
+fn sinks_named_by_the_registry_their_own_folder_and_tests_pass() {
+    let dir = clean_with(WITH_SINKS);
+    assert_eq!(problems(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_sink_named_outside_the_registry_is_caught() {
+    let dir = clean_with(WITH_SINKS);
+    write(
+        dir.path(),
+        &[
+            (
+                "daemon/pipeline.rs",
+                "use crate::sinks::{Lent, dask};\nuse crate::sinks::slurm::SlurmSink;\n",
+            ),
+            (
+                "config.rs",
+                "use crate::sinks;\nfn f() -> sinks::webhook::WebhookConfig { todo!() }\n",
+            ),
+            ("record.rs", "use crate::sinks::{\n    slurm::{self},\n};\n"),
+            // A sink naming another sink is a sideways leak too.
+            ("sinks/slurm/drain.rs", "use super::super::webhook::Body;\n"),
+        ],
+    );
+    let found: Vec<String> = violations(dir.path())
+        .into_iter()
+        .filter(|p| p.contains("sink outside the registry"))
+        .collect();
+    let places: Vec<&str> = found
+        .iter()
+        .map(|p| p.split(": names").next().unwrap())
+        .collect();
+    assert_eq!(
+        places,
+        [
+            "agent/src/config.rs:2",
+            "agent/src/daemon/pipeline.rs:2",
+            "agent/src/record.rs:2",
+            "agent/src/sinks/slurm/drain.rs:1",
+        ],
+        "{found:#?}"
+    );
+    assert!(found[0].contains("the `webhook` sink"), "{}", found[0]);
+    assert!(found[1].contains("the `slurm` sink"), "{}", found[1]);
+    // `dask` is not a folder with a mod.rs here: not a sink, not reported.
+    assert!(!found.iter().any(|p| p.contains("`dask`")), "{found:#?}");
+}
+
+#[test]
+fn the_real_agent_tree_names_no_sink_outside_the_registry() {
+    let report = check(&crate::shell::workspace_root(), &RULES).unwrap();
+    let leaks: Vec<&String> = report
+        .problems
+        .iter()
+        .filter(|p| p.contains("sink outside the registry"))
+        .collect();
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}

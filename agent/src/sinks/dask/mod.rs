@@ -31,7 +31,6 @@ mod config;
 pub(crate) mod names;
 
 use anyhow::Context as _;
-use tokio::task::JoinHandle;
 
 pub(crate) use self::config::DaskConfig;
 use self::names::{Identity, Mapped, SchedulerNames};
@@ -42,7 +41,7 @@ use crate::{
     },
     record::Recorder,
     sinks::{
-        SinkContext, Start, WorkerEta, WorkerHealth,
+        Lent, SinkContext, Start, Started, WorkerEta, WorkerHealth,
         action::{Acted, Actions, Plan, Read, Scheduler, Words},
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
@@ -56,28 +55,34 @@ impl Start for DaskConfig {
         &self.name
     }
 
-    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started> {
         info!(sink = %self.name, url = %self.url, min_remaining = self.guard.min_remaining, min_remaining_fraction = self.guard.min_remaining_fraction, "Dask sink");
+        // This sink's map of Dask addresses, lent so that an `oom_kill`
+        // names the Dask worker it killed.
+        let names = SchedulerNames::default();
         let sink = DaskSink::new(
             self.clone(),
             Arc::clone(&ctx.workers),
             ctx.recorder.clone(),
-            ctx.names.clone(),
+            names.clone(),
             ctx.health.clone(),
         )
         .with_context(|| format!("Dask sink {}", self.name))?;
         let mut sink = sink;
         sink.actions.set_gate(ctx.gate.clone());
         sink.eta = ctx.eta.clone();
-        Ok(vec![
-            ctx.spawn_delivery(sink),
-            tokio::spawn(refresh_names(
-                self.clone(),
-                Arc::clone(&ctx.workers),
-                ctx.names.clone(),
-                ctx.stop.clone(),
-            )),
-        ])
+        Ok(Started {
+            tasks: vec![
+                ctx.spawn_delivery(sink),
+                tokio::spawn(refresh_names(
+                    self.clone(),
+                    Arc::clone(&ctx.workers),
+                    names.clone(),
+                    ctx.stop.clone(),
+                )),
+            ],
+            lent: Lent::default().enricher(Arc::new(names)),
+        })
     }
 }
 

@@ -25,7 +25,10 @@ use serde::Deserialize;
 
 use crate::{
     cgroup,
-    model::spec::{MemorySource, WorkerSpec},
+    model::{
+        event::{Enrich, EventBody, EventKind},
+        spec::{MemorySource, WorkerSpec},
+    },
 };
 
 /// One worker as the scheduler lists it.
@@ -72,7 +75,7 @@ impl Identity {
 
 /// A Dask worker and the memwatch worker it belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mapped {
+pub(crate) struct Mapped {
     pub address: String,
     pub worker: Option<String>,
     /// The process listening on the Dask address, when it is on this host.
@@ -100,17 +103,17 @@ impl Mapped {
 /// Dask addresses of the processes on this host, for `oom_kill` events
 /// (the victim is gone by then, so the map is kept from before).
 #[derive(Clone, Debug, Default)]
-pub struct SchedulerNames(Arc<Mutex<HashMap<u32, String>>>);
+pub(crate) struct SchedulerNames(Arc<Mutex<HashMap<u32, String>>>);
 
 impl SchedulerNames {
-    pub fn get(&self, pid: u32) -> Option<String> {
+    pub(crate) fn get(&self, pid: u32) -> Option<String> {
         self.lock().get(&pid).cloned()
     }
 
     /// Adds what `mapped` says; entries of processes that ended stay until
     /// the next refresh after their pid is reused, so a kill reported a
     /// moment late still resolves.
-    pub fn update(&self, mapped: &[Mapped]) {
+    pub(crate) fn update(&self, mapped: &[Mapped]) {
         let mut names = self.lock();
         for m in mapped {
             if let Some(pid) = m.pid {
@@ -125,6 +128,19 @@ impl SchedulerNames {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, String>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Lent by the Dask sink: an `oom_kill` names the Dask worker the killed
+/// process was (`scheduler_worker`).
+impl Enrich for SchedulerNames {
+    fn enrich(&self, body: &mut EventBody) {
+        if body.kind != EventKind::OomKill || body.scheduler_worker.is_some() {
+            return;
+        }
+        if let Some(pid) = body.pid {
+            body.scheduler_worker = self.get(pid);
+        }
     }
 }
 
@@ -291,6 +307,36 @@ mod tests {
             recover_after: Duration::from_secs(1),
             pressure: None,
         }
+    }
+
+    #[test]
+    fn lent_to_the_recorder_an_oom_kill_names_the_dask_worker_it_killed() {
+        let metrics = crate::telemetry::Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = crate::outbox::Outbox::new("names", 100, metrics.clone());
+        let recorder = crate::record::Recorder::new(outbox, metrics);
+        let names = SchedulerNames::default();
+        recorder.enrich_with(vec![Arc::new(names.clone())]);
+        names.update(&[Mapped {
+            address: "tcp://127.0.0.1:40123".into(),
+            worker: Some("w1".into()),
+            pid: Some(4242),
+            status: None,
+        }]);
+        let event = |kind, pid| {
+            let mut body = EventBody::new(kind);
+            body.pid = pid;
+            recorder.record(body, None).body.scheduler_worker
+        };
+        assert_eq!(
+            event(EventKind::OomKill, Some(4242)).as_deref(),
+            Some("tcp://127.0.0.1:40123")
+        );
+        assert_eq!(event(EventKind::OomKill, Some(4243)), None, "another pid");
+        assert_eq!(
+            event(EventKind::TaskStarted, Some(4242)),
+            None,
+            "not a kill"
+        );
     }
 
     #[test]

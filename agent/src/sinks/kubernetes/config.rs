@@ -1,8 +1,11 @@
 //! `[kubernetes] api = true`: what the Kubernetes sink is told. The keys
 //! live in the one `[kubernetes]` table with the pod-task keys
-//! (config/kubernetes.rs reads the table and hands the rest here).
+//! (config/kubernetes.rs takes those out and hands the rest here, through
+//! the registry's `SinkConfig::from_single`).
 
 use std::path::PathBuf;
+
+use serde::Deserialize;
 
 use crate::sinks::{
     config::{Delivery, InvalidKey, SinkTable, parse_url},
@@ -37,10 +40,13 @@ pub struct KubernetesSinkConfig {
     pub delivery: Delivery,
 }
 
-/// The Kubernetes keys of `[kubernetes]` besides the delivery keys and
-/// the pod-task keys (read as one struct with them, config/kubernetes.rs).
-#[derive(Debug, Default)]
+/// The sink's keys of `[kubernetes]` besides the delivery keys (the
+/// pod-task keys are taken out before: config/kubernetes.rs).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ApiKeys {
+    /// Turns the sink on.
+    pub api: Option<bool>,
     pub api_server: Option<String>,
     pub token_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
@@ -53,7 +59,7 @@ pub(crate) struct ApiKeys {
 }
 
 impl ApiKeys {
-    /// The keys written, as the file names them.
+    /// The keys written, as the file names them (`api` aside).
     pub(crate) fn written(&self) -> Vec<&'static str> {
         [
             ("api_server", self.api_server.is_some()),
@@ -76,13 +82,33 @@ impl ApiKeys {
 }
 
 impl KubernetesSinkConfig {
+    /// The sink of `[kubernetes]` when `api = true`, `None` when it is not.
+    /// A key of the API (or a delivery key) written while `api` is off is
+    /// an error naming it: it would do nothing.
+    pub(crate) fn from_single(mut table: SinkTable) -> Result<Option<Self>, InvalidKey> {
+        let delivery = table.delivery(Delivery::default(), true)?;
+        let written_delivery = delivery != Delivery::default();
+        let keys: ApiKeys = table.rest()?;
+        if !keys.api.unwrap_or(false) {
+            return match keys
+                .written()
+                .first()
+                .copied()
+                .or(written_delivery.then_some("timeout"))
+            {
+                Some(key) => Err(table.invalid(
+                    key,
+                    "needs `api = true` (the agent talks to the Kubernetes API only then)",
+                )),
+                None => Ok(None),
+            };
+        }
+        Self::from_keys(&table, delivery, keys).map(Some)
+    }
+
     /// The sink of `[kubernetes]`, from its keys (`table` has had its
     /// delivery keys read already: `delivery`).
-    pub(crate) fn from_keys(
-        table: &SinkTable,
-        delivery: Delivery,
-        keys: ApiKeys,
-    ) -> Result<Self, InvalidKey> {
+    fn from_keys(table: &SinkTable, delivery: Delivery, keys: ApiKeys) -> Result<Self, InvalidKey> {
         let guard = Guard::from_keys(table, keys.min_remaining, keys.min_remaining_fraction)?;
         let api_server = match keys.api_server {
             Some(text) => {

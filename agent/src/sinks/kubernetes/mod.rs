@@ -28,7 +28,7 @@ mod pods;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use anyhow::Context as _;
 use k8s_openapi::api::{core::v1::Node, events::v1::Event as KubeEvent};
@@ -36,10 +36,8 @@ use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
-use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
-pub(crate) use self::config::ApiKeys;
 pub use self::config::KubernetesSinkConfig;
 use self::{
     events::{EventLog, Next},
@@ -52,7 +50,7 @@ use crate::{
     },
     record::Recorder,
     sinks::{
-        SinkContext, Start, WorkerHealth,
+        Lent, SinkContext, Start, Started, WorkerHealth,
         action::Actions,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
@@ -82,21 +80,26 @@ impl Start for KubernetesSinkConfig {
         NAME
     }
 
-    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started> {
         let client = client(self).context("Kubernetes sink ([kubernetes] api = true)")?;
         info!(node = %ctx.node_name, condition = self.condition, taint = self.taint, events = self.events, pod_names = self.pod_names, "Kubernetes sink");
         let mut tasks = Vec::new();
+        let mut lent = Lent::default();
+        // Pod names by UID: filled by the watch, lent so that every event
+        // with a pod's UID names the pod; empty without the watch.
+        let pods = PodNames::default();
         if self.pod_names {
             tasks.push(tokio::spawn(pods::watch_pods(
                 client.clone(),
                 ctx.node_name.clone(),
-                ctx.recorder.pods().clone(),
+                pods.clone(),
                 ctx.stop.clone(),
             )));
+            lent = lent.enricher(Arc::new(pods.clone()));
         }
-        let sink = KubernetesSink::new(self.clone(), client, ctx);
+        let sink = KubernetesSink::new(self.clone(), client, pods, ctx);
         tasks.push(ctx.spawn_delivery(sink));
-        Ok(tasks)
+        Ok(Started { tasks, lent })
     }
 }
 
@@ -157,13 +160,19 @@ pub(crate) struct KubernetesSink {
 }
 
 impl KubernetesSink {
-    fn new(config: KubernetesSinkConfig, client: Client, ctx: &SinkContext) -> Self {
+    fn new(
+        config: KubernetesSinkConfig,
+        client: Client,
+        pods: PodNames,
+        ctx: &SinkContext,
+    ) -> Self {
         let workers = ctx.workers.iter().map(|w| w.name.clone()).collect();
         let mut sink = Self::with(
             config,
             client,
             ctx.node_name.clone(),
             ctx.recorder.clone(),
+            pods,
             ctx.health.clone(),
             workers,
         );
@@ -176,13 +185,14 @@ impl KubernetesSink {
         client: Client,
         node: String,
         recorder: Recorder,
+        pods: PodNames,
         health: WorkerHealth,
         workers: Vec<String>,
     ) -> Self {
         Self {
             node,
             client,
-            pods: recorder.pods().clone(),
+            pods,
             recorder,
             health,
             workers,

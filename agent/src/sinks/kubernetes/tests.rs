@@ -20,6 +20,7 @@ use crate::{
     model::{
         event::{Event, EventBody, EventKind},
         health::Health,
+        pod::PodNames,
     },
     outbox::Outbox,
     record::Recorder,
@@ -40,6 +41,8 @@ const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abc
 struct Harness {
     fake: FakeApi,
     recorder: Recorder,
+    /// The sink's pod names, lent to the recorder as the daemon does.
+    pods: PodNames,
     health: Arc<Mutex<HashMap<String, Health>>>,
     _token: tempfile::NamedTempFile,
     config: KubernetesSinkConfig,
@@ -72,9 +75,12 @@ impl Harness {
         };
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
         let recorder = Recorder::new(Outbox::new("h", 1000, metrics.clone()), metrics);
+        let pods = PodNames::default();
+        recorder.enrich_with(vec![Arc::new(pods.clone())]);
         Self {
             fake,
             recorder,
+            pods,
             health: Arc::default(),
             _token: token,
             config,
@@ -95,6 +101,7 @@ impl Harness {
             client,
             NODE.into(),
             self.recorder.clone(),
+            self.pods.clone(),
             health,
             vec!["w1".into(), "w2".into()],
         );
@@ -443,7 +450,7 @@ async fn pods_are_named_from_the_watch_and_by_uid_alone_without_it() {
         .cluster()
         .add_pod("elsewhere", "shop", "other", "uid-other", &[]);
     let client = super::client(&h.config).unwrap();
-    let names = h.recorder.pods().clone();
+    let names = h.pods.clone();
     let (stop_tx, stop) = watch::channel(false);
     let watch = tokio::spawn(pods::watch_pods(client, NODE.into(), names.clone(), stop));
     wait_until_async("the pod list", Duration::from_secs(10), || {
@@ -598,7 +605,7 @@ async fn the_code_calls_exactly_what_rbac_grants() {
     h.fake.cluster().race = Some("a0".into());
     let client = super::client(&h.config).unwrap();
     let (stop_tx, stop) = watch::channel(false);
-    let names = h.recorder.pods().clone();
+    let names = h.pods.clone();
     let watch = tokio::spawn(pods::watch_pods(client, NODE.into(), names.clone(), stop));
     wait_until_async("the pod list", Duration::from_secs(10), || {
         let n = names.clone();

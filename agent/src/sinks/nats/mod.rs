@@ -10,14 +10,13 @@
 mod config;
 
 use async_nats::jetstream::{self, message::PublishMessage, stream};
-use tokio::task::JoinHandle;
 use tracing::info;
 
 pub use self::config::NatsConfig;
 use crate::{
     model::event::Event,
     sinks::{
-        SinkContext, Start,
+        SinkContext, Start, Started,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
     },
@@ -28,9 +27,11 @@ impl Start for NatsConfig {
         &self.name
     }
 
-    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started> {
         info!(sink = %self.name, url = %self.url, stream = %self.stream, subject = %self.subject, "NATS JetStream sink");
-        Ok(vec![ctx.spawn_delivery(NatsSink::new(self.clone()))])
+        Ok(Started::tasks(vec![
+            ctx.spawn_delivery(NatsSink::new(self.clone())),
+        ]))
     }
 }
 

@@ -23,7 +23,6 @@ use opentelemetry_proto::tonic::collector::logs::v1::{
 };
 use prost::Message as _;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use tokio::task::JoinHandle;
 use tonic::{
     Code,
     metadata::{MetadataKey, MetadataMap, MetadataValue},
@@ -36,7 +35,7 @@ use self::records::AgentResource;
 use crate::{
     model::event::Event,
     sinks::{
-        SinkContext, Start,
+        SinkContext, Start, Started,
         config::Delivery,
         delivery::{FailureClass, SendError, Sink},
     },
@@ -54,7 +53,7 @@ impl Start for OtlpConfig {
         &self.name
     }
 
-    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started> {
         // Every pod is given this variable: the agent runs on Kubernetes,
         // and its node name is the node's.
         let on_kubernetes = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
@@ -69,7 +68,7 @@ impl Start for OtlpConfig {
         let node = on_kubernetes.then(|| ctx.node_name.clone());
         let sink = OtlpSink::new(self.clone(), ctx.metrics.clone(), node)
             .map_err(|e| anyhow::anyhow!("OTLP sink {}: {e}", self.name))?;
-        Ok(vec![ctx.spawn_delivery(sink)])
+        Ok(Started::tasks(vec![ctx.spawn_delivery(sink)]))
     }
 }
 

@@ -25,8 +25,10 @@ use std::{
 
 use tracing::{debug, info};
 
+use futures_util::future::BoxFuture;
+
 use super::{RequeuePolicy, SlurmConfig, scontrol};
-use crate::model::process::SeenProcess;
+use crate::{model::process::SeenProcess, sinks::OnRegister};
 
 /// Proofs kept at most (the oldest go first).
 const MAX_PROOFS: usize = 4096;
@@ -46,6 +48,18 @@ pub(crate) struct JobProofs {
     proc_root: PathBuf,
 }
 
+/// Lent to the API: every registration asks Slurm (module docs).
+impl OnRegister for JobProofs {
+    fn registered<'a>(
+        &'a self,
+        task_id: &'a str,
+        worker: Option<&'a str>,
+        peer: Option<SeenProcess>,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.check(task_id, worker, peer))
+    }
+}
+
 #[derive(Default)]
 struct Proven {
     by_task: BTreeMap<String, u64>,
@@ -54,15 +68,12 @@ struct Proven {
 }
 
 impl JobProofs {
-    /// For the first Slurm sink that requeues or signals a predicted kill;
-    /// `None` when none does.
-    pub(crate) fn for_sinks<'a>(
-        sinks: impl IntoIterator<Item = &'a SlurmConfig>,
-        node_name: &str,
-    ) -> Option<Self> {
-        let config = sinks
-            .into_iter()
-            .find(|s| s.requeue != RequeuePolicy::Never || s.imminent.signal.is_some())?;
+    /// For a Slurm sink that requeues or signals a predicted kill; `None`
+    /// when it does neither (it needs no proof, and nothing is asked).
+    pub(crate) fn for_sink(config: &SlurmConfig, node_name: &str) -> Option<Self> {
+        if config.requeue == RequeuePolicy::Never && config.imminent.signal.is_none() {
+            return None;
+        }
         Some(Self {
             scontrol: config.scontrol.clone(),
             nodes: config.nodes.clone(),

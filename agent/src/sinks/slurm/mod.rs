@@ -46,7 +46,6 @@ use std::{
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 #[cfg(test)]
@@ -62,9 +61,9 @@ use crate::{
     model::event::{Event, EventKind},
     record::Recorder,
     sinks::{
-        ActionGate, SinkContext, Start, WorkerEta, WorkerHealth,
+        ActionGate, Lent, SinkContext, Start, Started, WorkerEta, WorkerHealth,
         action::Actions,
-        config::Delivery,
+        config::{Delivery, InvalidKey},
         delivery::{FailureClass, SendError, Sink},
         report,
     },
@@ -102,7 +101,22 @@ impl Start for SlurmConfig {
         &self.name
     }
 
-    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    /// Every worker of `nodes` is declared.
+    fn check_workers(
+        &self,
+        index: usize,
+        declared: &dyn Fn(&str) -> bool,
+    ) -> Result<(), InvalidKey> {
+        match self.nodes.keys().find(|w| !declared(w)) {
+            Some(w) => Err(InvalidKey {
+                key: format!("slurm[{index}].nodes.{w}"),
+                problem: "is not a declared [[worker]]".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started> {
         info!(sink = %self.name, scontrol = %self.scontrol.display(), drain = self.drain, requeue = ?self.requeue, imminent_signal = self.imminent.signal.as_ref().map_or("none", |s| s.name.as_str()), drain_imminent = self.imminent.drain, "Slurm sink");
         let sink = SlurmSink::open(
             self.clone(),
@@ -121,10 +135,20 @@ impl Start for SlurmConfig {
         let mut sink = sink;
         sink.gate = ctx.gate.clone();
         sink.actions.set_gate(ctx.gate.clone());
-        sink.proofs = ctx.job_proofs.clone();
+        // Which Slurm job each task's process is in, as Slurm says it:
+        // asked at registration (the hook lent to the API), read by the
+        // requeues and the signals.
+        sink.proofs = JobProofs::for_sink(self, &ctx.node_name);
         sink.eta = ctx.eta.clone();
         sink.align(ctx.outbox.status().last_seq, ctx.outbox.epoch());
-        Ok(vec![ctx.spawn_delivery(sink)])
+        let mut lent = Lent::default();
+        if let Some(proofs) = &sink.proofs {
+            lent = lent.on_register(Arc::new(proofs.clone()));
+        }
+        Ok(Started {
+            tasks: vec![ctx.spawn_delivery(sink)],
+            lent,
+        })
     }
 }
 

@@ -134,7 +134,7 @@ impl Fixture {
     /// Job proofs asked of the fake `scontrol`, which places pid
     /// [`PID_IN_JOB_42`] in job 42 (its `pidinfo` calls are not logged).
     fn proofs(&self) -> JobProofs {
-        JobProofs::for_sinks([&self.config(Guard::default())], "host-node")
+        JobProofs::for_sink(&self.config(Guard::default()), "host-node")
             .unwrap()
             .with_proc_root(super::jobs::fake_proc(self.dir.path(), PID_IN_JOB_42))
     }

@@ -23,14 +23,13 @@ use hmac::{Hmac, KeyInit as _, Mac as _};
 use reqwest::header::CONTENT_TYPE;
 use serde::Serialize;
 use sha2::Sha256;
-use tokio::task::JoinHandle;
 use tracing::info;
 
 pub use self::config::{WebhookConfig, WebhookFormat};
 use crate::{
     model::event::Event,
     sinks::{
-        SinkContext, Start,
+        SinkContext, Start, Started,
         config::{Delivery, Secret},
         delivery::{FailureClass, SendError, Sink},
     },
@@ -89,11 +88,11 @@ impl Start for WebhookConfig {
         &self.name
     }
 
-    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    fn start(&self, ctx: &SinkContext) -> anyhow::Result<Started> {
         info!(sink = %self.name, url = %self.url, signed = self.secret.is_some(), format = ?self.format, "webhook sink");
         let sink = WebhookSink::new(self.clone())
             .with_context(|| format!("webhook sink {}", self.name))?;
-        Ok(vec![ctx.spawn_delivery(sink)])
+        Ok(Started::tasks(vec![ctx.spawn_delivery(sink)]))
     }
 }
 
