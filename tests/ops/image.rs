@@ -34,6 +34,10 @@ fn ensure_buildah() {
     if which::which("buildah").is_ok() {
         return;
     }
+    let _one_at_a_time = memwatch_tests::process::install_lock();
+    if which::which("buildah").is_ok() {
+        return;
+    }
     eprintln!("installing buildah (Debian)");
     run(Command::new("apt-get").args(["update", "-qq"]));
     run(Command::new("apt-get")

@@ -118,6 +118,11 @@ pub fn python_with_dask(test: &str) -> Option<PathBuf> {
     if !root_or_skip(test, "to pip install dask distributed") {
         return None;
     }
+    // Another test may be installing the same packages: wait, look again.
+    let _one_at_a_time = crate::process::install_lock();
+    if importable() {
+        return Some(python);
+    }
     let pip = |extra: &[&str]| {
         let mut cmd = Command::new(&python);
         cmd.args(["-m", "pip", "install", "-q", "dask", "distributed"])

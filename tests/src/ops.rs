@@ -48,6 +48,11 @@ pub fn python_tools() {
         if imports() {
             return;
         }
+        // Other test binaries may be installing them too: wait, look again.
+        let _one_at_a_time = crate::process::install_lock();
+        if imports() {
+            return;
+        }
         eprintln!("installing {PYTHON_TOOLS:?} with pip");
         let out = Command::new("python3")
             .args([

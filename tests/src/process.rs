@@ -1,10 +1,11 @@
 //! Child processes with bounded waits, killed on drop.
 
 use std::{
+    fs::{File, OpenOptions, TryLockError},
     io::Read as _,
     process::{Child, Command, Output, Stdio},
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use memwatch_test_support::{
@@ -94,14 +95,49 @@ pub fn root_or_skip(test: &str, needs: &str) -> bool {
     false
 }
 
+/// How long [`install_lock`] waits for another installer (Slurm, podman
+/// and buildah from Debian take a minute or two each on a fresh machine).
+const INSTALL_WAIT: Duration = Duration::from_secs(20 * 60);
+
+/// One installer at a time on this host, whatever process it runs in: the
+/// test binaries run at once (cargo-nextest, `.config/nextest.toml`), and two
+/// apt-gets fight over dpkg's lock and the package lists, two pips over one
+/// site-packages. An exclusive `flock` on a file in the temporary directory,
+/// held until the returned file is dropped (a holder that dies releases it);
+/// panics after [`INSTALL_WAIT`].
+pub fn install_lock() -> File {
+    let path = std::env::temp_dir().join("memwatch-tests-install.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let deadline = Instant::now() + INSTALL_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return file,
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(200));
+            }
+            Err(TryLockError::WouldBlock) => panic!(
+                "another test held {} for {INSTALL_WAIT:?}: an install hangs",
+                path.display()
+            ),
+            Err(TryLockError::Error(e)) => panic!("flock {}: {e}", path.display()),
+        }
+    }
+}
+
 /// `apt-get install` of `packages` unless `present()` already holds, one
-/// install at a time in this process (tests of one binary run in parallel,
-/// and two apt-gets fight over dpkg's lock), waiting for another process's
-/// apt-get up to 5 minutes; `apt-get update` first when the lists are
-/// missing. Panics, naming the packages, when they cannot be installed.
+/// install at a time on the host ([`install_lock`]); `apt-get update` first
+/// when the lists are missing. Panics, naming the packages, when they
+/// cannot be installed.
 pub fn apt_install(packages: &[&str], present: impl Fn() -> bool) {
-    static APT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = APT.lock().unwrap_or_else(|e| e.into_inner());
+    if present() {
+        return;
+    }
+    let _one_at_a_time = install_lock();
     if present() {
         return;
     }

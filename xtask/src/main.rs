@@ -70,7 +70,7 @@ enum Task {
         /// Skip `cargo fmt --check` and clippy.
         #[arg(long)]
         no_lint: bool,
-        /// Extra arguments for `cargo test` (a filter, `--nocapture`, …), after `--`.
+        /// Extra arguments for the test runner (a filter, …), after `--`.
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -158,14 +158,19 @@ fn run(task: Task) -> anyhow::Result<()> {
         }
         Task::Test { vm, no_lint, args } => {
             setup::ensure()?;
-            test::run(!no_lint, &args)?;
-            if vm || in_ci() {
+            let matrix = vm || in_ci();
+            // The matrix runs its kernel tests on this host too (after the
+            // VMs, alone): the host run leaves them to it.
+            let left_to_matrix: &[&str] = if matrix { &vm::KERNEL_TESTS } else { &[] };
+            let built = test::run(!no_lint, &args, left_to_matrix)?;
+            if matrix {
                 vm::run(&vm::Options {
                     kernels: Vec::new(),
                     timeout: Duration::from_secs(240),
                     write_docs: true,
                     repeat: 1,
                     test_args: Vec::new(),
+                    built: Some(built),
                 })?;
             }
             Ok(())
@@ -185,6 +190,7 @@ fn run(task: Task) -> anyhow::Result<()> {
                 write_docs: !no_docs && repeat <= 1 && test_args.is_empty(),
                 repeat: repeat.max(1),
                 test_args,
+                built: None,
             })
         }
     }

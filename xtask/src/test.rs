@@ -1,6 +1,9 @@
 //! `cargo xtask test`: the one command CI runs.
 
-use std::time::{Duration, Instant};
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use crate::shell;
 
@@ -8,11 +11,19 @@ use crate::shell;
 /// which only build for the bpf target (agent/build.rs does that).
 const HOST_CRATES: [&str; 3] = ["--workspace", "--exclude", "agent-ebpf"];
 
-/// How long the test binaries may run in all (about 12 minutes in CI on the
-/// 2-core build machines): far above that, something hangs.
+/// How long the test binaries may run in all (about 12 minutes one after
+/// another on the 2-core build machines, less at once): far above that,
+/// something hangs.
 const TESTS_BOUND: Duration = Duration::from_secs(45 * 60);
 
-pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
+/// Lints, builds and runs the tests; `left_to_matrix` names the kernel test
+/// binaries not to run here, because the kernel matrix runs them on this host
+/// next. Returns the test executables built (name, path) for the matrix.
+pub(crate) fn run(
+    lint: bool,
+    extra: &[String],
+    left_to_matrix: &[&str],
+) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let started = Instant::now();
     if lint {
         shell::cargo(&["fmt", "--all", "--check"])?;
@@ -56,8 +67,54 @@ pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
     // agent/src imports only lower layers (docs/architecture.md).
     crate::layers::run()?;
     // The kernel tests run the real binaries: build them with the tests.
-    shell::build_tests()?;
-    // Every test binary, even after one failed: one run shows every failure.
+    let built = shell::build_tests()?;
+    let args = if nextest() {
+        nextest_args(extra, left_to_matrix)
+    } else {
+        eprintln!(
+            "xtask: cargo-nextest is not installed: `cargo test`, one test binary after another \
+             (slower; `cargo install cargo-nextest --locked` runs them at once)"
+        );
+        cargo_test_args(extra)
+    };
+    shell::cargo_bounded(&args, TESTS_BOUND)?;
+    eprintln!(
+        "xtask: tests done in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(built)
+}
+
+/// Whether `cargo nextest` is there (it is on the build machines).
+fn nextest() -> bool {
+    shell::output("cargo", &["nextest", "--version"]).is_some()
+}
+
+/// Every test binary at once (`.config/nextest.toml` says which may not
+/// overlap), even after one failed: one run shows every failure. The
+/// binaries the kernel matrix runs on this host after it are left to it.
+fn nextest_args(extra: &[String], left_to_matrix: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["nextest", "run", "--locked", "--no-fail-fast"]
+        .map(String::from)
+        .to_vec();
+    args.extend(HOST_CRATES.map(String::from));
+    if !left_to_matrix.is_empty() {
+        let binaries: Vec<String> = left_to_matrix
+            .iter()
+            .map(|b| format!("binary_id(memwatch-tests::{b})"))
+            .collect();
+        args.push("-E".into());
+        args.push(format!("not ({})", binaries.join(" | ")));
+    }
+    if !extra.is_empty() {
+        args.push("--".into());
+        args.extend(extra.iter().cloned());
+    }
+    args
+}
+
+/// One test binary after another, each running its tests on its threads.
+fn cargo_test_args(extra: &[String]) -> Vec<String> {
     let mut args: Vec<String> = vec!["test".into(), "--locked".into(), "--no-fail-fast".into()];
     args.extend(HOST_CRATES.map(String::from));
     args.push("--".into());
@@ -67,10 +124,29 @@ pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
     } else {
         args.extend(extra.iter().cloned());
     }
-    shell::cargo_bounded(&args, TESTS_BOUND)?;
-    eprintln!(
-        "xtask: tests done in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_matrix_binaries_are_left_out_of_the_host_run() {
+        let args = nextest_args(&[], &["kernel_oom", "kernel_doctor"]);
+        let at = args.iter().position(|a| a == "-E").expect("a filter");
+        assert_eq!(
+            args[at + 1],
+            "not (binary_id(memwatch-tests::kernel_oom) | binary_id(memwatch-tests::kernel_doctor))"
+        );
+        assert!(nextest_args(&[], &[]).iter().all(|a| a != "-E"));
+    }
+
+    #[test]
+    fn a_filter_goes_after_the_separator() {
+        let args = nextest_args(&["storm".into()], &[]);
+        assert_eq!(&args[args.len() - 2..], ["--", "storm"]);
+        let args = cargo_test_args(&[]);
+        assert_eq!(args.last().map(String::as_str), Some("--show-output"));
+    }
 }

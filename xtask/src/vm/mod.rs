@@ -25,7 +25,7 @@ use initramfs::{BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END};
 use kernel::Registry;
 
 /// The kernel test binaries of the memwatch-tests crate.
-const KERNEL_TESTS: [&str; 5] = [
+pub(crate) const KERNEL_TESTS: [&str; 5] = [
     "kernel_doctor",
     "kernel_oom",
     "kernel_predict",
@@ -77,6 +77,10 @@ pub(crate) struct Options {
     pub repeat: u32,
     /// Passed to each test binary (a name filter, …).
     pub test_args: Vec<String>,
+    /// The test executables `cargo xtask test` built before its run; `None`:
+    /// build them. (Built again after that run, they were relinked: the
+    /// upgrade test's old build shares the build directory.)
+    pub built: Option<Vec<(String, PathBuf)>>,
 }
 
 pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
@@ -94,7 +98,7 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     } else {
         options.kernels.clone()
     };
-    let (binaries, tests) = build()?;
+    let (binaries, tests) = build(options.built.clone())?;
     let memwatch = binaries[0].clone();
     let workdir = root.join("tests");
 
@@ -241,8 +245,12 @@ fn ensure_tools() -> anyhow::Result<()> {
 /// `cargo xtask test` has just made and run on the host (its dependencies
 /// are optimized, `[profile.dev.package."*"]`), so the matrix adds no build
 /// of its own.
-fn build() -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    let mut tests: Vec<(String, PathBuf)> = shell::build_tests()?
+fn build(built: Option<Vec<(String, PathBuf)>>) -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let built = match built {
+        Some(built) => built,
+        None => shell::build_tests()?,
+    };
+    let mut tests: Vec<(String, PathBuf)> = built
         .into_iter()
         .filter(|(name, _)| KERNEL_TESTS.contains(&name.as_str()))
         .collect();
