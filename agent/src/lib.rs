@@ -43,15 +43,17 @@ pub use probe::{
 };
 /// A configured sink, as `Config::sinks` holds it.
 pub use sinks::SinkConfig;
+#[cfg(feature = "kubernetes")]
 pub use sinks::kubernetes::{
     API_USES as KUBERNETES_API_USES, KubernetesSinkConfig, objects as kubernetes_objects,
 };
+#[cfg(feature = "nats")]
+pub use sinks::nats::{NatsConfig, NatsSink};
 #[cfg(feature = "otlp")]
 pub use sinks::otlp::{OtlpConfig, OtlpProtocol, OtlpSink};
 pub use sinks::{
     config::{Delivery, Secret},
     delivery::run as deliver,
-    nats::{NatsConfig, NatsSink},
     slurm::scontrol::fields as scontrol_fields,
     webhook::{
         EVENT_ID_HEADER, SECRET_PREFIX, SIGNATURE_HEADER, WEBHOOK_ID_HEADER,

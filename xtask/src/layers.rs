@@ -14,6 +14,10 @@
 //! of the agent needs from a sink is lent through `sinks::Lent`. Test files
 //! (`tests.rs`, anything under a `tests/` folder) are exempt: a test builds
 //! the config it needs.
+//!
+//! Longer than 600 lines: the checker and its small tokenizer (comments and
+//! literals blanked, paths followed) are one piece; the tests are in
+//! layers/tests.rs, the architecture table in layers/architecture.rs.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},

@@ -17,6 +17,7 @@ mod bench;
 mod blocking;
 mod kernels_doc;
 mod layers;
+mod lengths;
 mod setup;
 mod shell;
 mod test;
@@ -175,7 +176,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Task::Layers => layers::run().and_then(|()| blocking::run()),
+        Task::Layers => source_checks(),
         Task::VmTest {
             kernels,
             timeout,
@@ -194,4 +195,13 @@ fn run(task: Task) -> anyhow::Result<()> {
             })
         }
     }
+}
+
+/// The checks of the source as text, before any build: the layers
+/// (docs/architecture.md), no blocking call in async code, files a reader
+/// can hold. `cargo xtask layers`, and `cargo xtask test` before the build.
+pub(crate) fn source_checks() -> anyhow::Result<()> {
+    layers::run()?;
+    blocking::run()?;
+    lengths::run()
 }

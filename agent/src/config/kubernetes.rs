@@ -41,8 +41,9 @@ pub(crate) fn read(
             Some(key) => {
                 return Err(invalid(
                     format!("kubernetes.{key}"),
-                    "this memwatch was built without its Kubernetes sink: rebuild with it, \
-                     or remove the key",
+                    "this memwatch was built without its `kubernetes` sink (Cargo feature \
+                     `kubernetes`, on by default): rebuild with `--features kubernetes`, or \
+                     remove the key",
                 ));
             }
             None => None,

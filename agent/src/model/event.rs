@@ -207,7 +207,7 @@ pub struct EventBody {
     pub container_id: Option<String>,
     /// The pod's namespace, name, and the container's name, with `pod_uid`
     /// when the agent watches the node's pods (`[kubernetes] api = true`)
-    /// and knows the pod (model/pod.rs `PodNames`).
+    /// and knows the pod (sinks/kubernetes/names.rs `PodNames`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -33,6 +33,11 @@
 //!   queue is written out as soon as a write succeeds again.
 //! - Each sink has a cursor (the last seq it acknowledged), stored in the
 //!   same file, so that one slow sink does not hold another.
+//!
+//! Longer than 600 lines: the numbering, the bound and the in-memory queue
+//! share one lock (`Core`); keeping them in one file keeps the guarantees
+//! above checkable in one reading. The SQLite part is store.rs, the writer
+//! thread writer.rs.
 
 use std::{
     collections::{BTreeMap, VecDeque},

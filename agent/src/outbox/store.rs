@@ -14,6 +14,10 @@
 //! after that, so `sqlite3` opens the set-aside copy whole) and a fresh
 //! database is made. Any other failure (permissions, a lock held by another
 //! agent) stays fatal.
+//!
+//! Longer than 600 lines: every SQL statement of the outbox's database, next
+//! to the schema and its versions, so that an upgrade can be checked against
+//! each query in one file.
 
 use std::{
     collections::BTreeMap,

@@ -1,4 +1,8 @@
 //! Loading and attaching the eBPF programs, and reading their ring buffer.
+//!
+//! Longer than 600 lines: loading, attaching (with each hook's fallback) and
+//! reading the ring buffer share the one `Ebpf` object and its maps; the
+//! decoding is decode.rs, the BTF btf.rs.
 
 use crate::telemetry::liveness::{Beat, IDLE_BEAT};
 use std::{

@@ -2,7 +2,8 @@
 //! the one delivery loop every sink runs (delivery.rs), the cluster guard
 //! of the sinks that act on a scheduler (guard.rs), and one folder per sink
 //! that owns its config type: webhook, nats, dask, slurm, kubernetes, otlp
-//! (OpenTelemetry, behind the Cargo feature `otlp`).
+//! (OpenTelemetry). nats, kubernetes and otlp are Cargo features of their
+//! names, on by default (agent/Cargo.toml).
 //!
 //! Adding a sink touches its own folder and one line of [`sinks!`] below
 //! (docs/writing-a-sink.md).
@@ -12,7 +13,9 @@ pub(crate) mod config;
 pub(crate) mod dask;
 pub(crate) mod delivery;
 pub(crate) mod guard;
+#[cfg(feature = "kubernetes")]
 pub(crate) mod kubernetes;
+#[cfg(feature = "nats")]
 pub(crate) mod nats;
 #[cfg(feature = "otlp")]
 pub(crate) mod otlp;
@@ -28,8 +31,6 @@ use self::{
     config::{InvalidKey, SinkTable},
     dask::DaskConfig,
     delivery::Sink,
-    kubernetes::KubernetesSinkConfig,
-    nats::NatsConfig,
     slurm::SlurmConfig,
     webhook::WebhookConfig,
 };
@@ -323,6 +324,8 @@ macro_rules! sinks {
             /// Reads the sink's keys of the one `[table]` (what is left of
             /// it once its other settings are taken out); `None` when no
             /// single-table sink of this build reads `table`.
+            // `value` is unused in a build without any single-table sink.
+            #[allow(unused_variables)]
             pub(crate) fn from_single(
                 table: &str,
                 value: toml::Table,
@@ -348,12 +351,14 @@ macro_rules! sinks {
 
 sinks! {
     "webhook" => Webhook(WebhookConfig),
-    "nats" => Nats(NatsConfig),
+    #[cfg(feature = "nats")]
+    "nats" => Nats(nats::NatsConfig),
     "dask" => Dask(DaskConfig),
     "slurm" => Slurm(SlurmConfig),
     #[cfg(feature = "otlp")]
     "otlp" => Otlp(otlp::OtlpConfig);
-    "kubernetes" => Kubernetes(KubernetesSinkConfig),
+    #[cfg(feature = "kubernetes")]
+    "kubernetes" => Kubernetes(kubernetes::KubernetesSinkConfig),
 }
 
 /// The sinks given on the command line: `--webhook URL`, repeatable. When
@@ -395,6 +400,8 @@ pub(crate) fn check_workers(
 pub(crate) const LEFT_OUT: &[(&str, &str)] = &[
     #[cfg(not(feature = "otlp"))]
     ("otlp", "otlp"),
+    #[cfg(not(feature = "nats"))]
+    ("nats", "nats"),
 ];
 
 impl SinkConfig {

@@ -1,6 +1,11 @@
 //! The watchdog: workers, their tasks, and every check that turns memory
 //! figures into health and events. Pure: figures and a clock in, decisions
 //! and event bodies out; the caller reads memory and stores events.
+//!
+//! Longer than 600 lines: the `Watchdog` type, every check a memory figure
+//! goes through and the events it decides on; the detectors are their own
+//! files (throttle.rs, imminent.rs, predict/), what stays is the state they
+//! share.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},

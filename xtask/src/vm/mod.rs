@@ -2,6 +2,10 @@
 //! cgroup v2, each kernel booted in QEMU with a small initramfs, plus this
 //! host's own kernel (its tests run directly). Prints a summary per kernel,
 //! writes docs/kernels.md from what ran, and fails when any kernel fails.
+//!
+//! Longer than 600 lines: one kernel run from image to summary (fetch,
+//! initramfs, boot, parse the serial log); the pieces that stand alone are
+//! already apart (kernel.rs: the Debian kernel package; initramfs.rs).
 
 use std::{
     fs,

@@ -1,6 +1,10 @@
 //! The watchdog at work: reads memory, feeds the pure policy, stores the
 //! events it decides on, and keeps the per-worker metrics current. Shared
 //! by the HTTP API, the sampling loop and the OOM pipeline.
+//!
+//! Longer than 600 lines: one type, the lock around the watchdog, and every
+//! way the API, the sampler and the pipeline go through it; split, the rule
+//! that nothing blocks while the lock is held would be spread over files.
 
 use std::{
     collections::HashMap,

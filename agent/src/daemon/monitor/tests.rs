@@ -1,5 +1,9 @@
 //! The monitor with fake memory figures: soft caps, rule tasks, restarts,
 //! rejections.
+//!
+//! Longer than 600 lines: every path through the monitor with fake figures
+//! and a paused clock; they share one fixture (a monitor on a fake
+//! hierarchy).
 
 use crate::model::spec::{ANONYMOUS, MemorySource, TaskRequest};
 

@@ -1,4 +1,8 @@
 //! The outbox against a real SQLite file in a temporary directory.
+//!
+//! Longer than 600 lines: the outbox's guarantees (numbering, bounds, crash,
+//! cursors) against one real SQLite file each; the corrupt-database tests are
+//! apart (corrupt.rs).
 
 mod corrupt;
 mod epochs;

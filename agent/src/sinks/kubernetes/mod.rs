@@ -22,6 +22,7 @@
 
 pub(crate) mod config;
 mod events;
+mod names;
 mod node;
 pub mod objects;
 mod pods;
@@ -41,13 +42,11 @@ use tracing::{debug, info};
 pub use self::config::KubernetesSinkConfig;
 use self::{
     events::{EventLog, Next},
+    names::PodNames,
     objects::{EventSpec, Regarding},
 };
 use crate::{
-    model::{
-        event::{Event, EventKind},
-        pod::PodNames,
-    },
+    model::event::{Event, EventKind},
     record::Recorder,
     sinks::{
         Lent, SinkContext, Start, Started, WorkerHealth,

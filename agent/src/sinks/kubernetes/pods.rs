@@ -15,7 +15,7 @@ use kube::{
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::model::pod::{PodName, PodNames};
+use super::names::{PodName, PodNames};
 
 /// The pod's UID and names.
 pub(crate) fn pod_name(pod: &Pod) -> Option<(String, PodName)> {

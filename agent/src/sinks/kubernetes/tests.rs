@@ -2,6 +2,10 @@
 //! kube_api.rs: not
 //! Kubernetes; none can run on the build machines). What the sink sends is
 //! checked against the real schemas offline in tests/ops/kube_api.rs.
+//!
+//! Longer than 600 lines: every object the sink writes, each compared with
+//! what the fake API server received; they share the server and the sink's
+//! fixture.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -15,12 +19,11 @@ use tokio::sync::watch;
 
 use memwatch_test_support::kube_api::{Call, FakeApi};
 
-use super::{API_USES, KubernetesSink, KubernetesSinkConfig, objects, pods};
+use super::{API_USES, KubernetesSink, KubernetesSinkConfig, names::PodNames, objects, pods};
 use crate::{
     model::{
         event::{Event, EventBody, EventKind},
         health::Health,
-        pod::PodNames,
     },
     outbox::Outbox,
     record::Recorder,

@@ -1,3 +1,7 @@
+//! Longer than 600 lines: the Slurm sink against a fake `scontrol` (a
+//! script): drain, resume, requeue, signal, state kept across restarts; one
+//! fixture for all.
+
 use std::{os::unix::fs::PermissionsExt as _, sync::Arc, time::Duration};
 
 use chrono::Utc;
