@@ -70,15 +70,18 @@ pub(crate) fn run(
     // The kernel tests run the real binaries: build them with the tests.
     let built = shell::build_tests()?;
     let args = if nextest() {
-        nextest_args(extra, left_to_matrix)
+        vec![nextest_args(extra, left_to_matrix)]
     } else {
         eprintln!(
             "xtask: cargo-nextest is not installed: `cargo test`, one test binary after another \
-             (slower; `cargo install cargo-nextest --locked` runs them at once)"
+             and the host integration tests one at a time (slower; `cargo install cargo-nextest \
+             --locked` runs them at once)"
         );
         cargo_test_args(extra)
     };
-    shell::cargo_bounded(&args, TESTS_BOUND)?;
+    for args in args {
+        shell::cargo_bounded(&args, TESTS_BOUND)?;
+    }
     eprintln!(
         "xtask: tests done in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -114,18 +117,48 @@ fn nextest_args(extra: &[String], left_to_matrix: &[&str]) -> Vec<String> {
     args
 }
 
-/// One test binary after another, each running its tests on its threads.
-fn cargo_test_args(extra: &[String]) -> Vec<String> {
-    let mut args: Vec<String> = vec!["test".into(), "--locked".into(), "--no-fail-fast".into()];
-    args.extend(HOST_CRATES.map(String::from));
-    args.push("--".into());
-    if extra.is_empty() {
-        // The kernel tests print what they measured (event delays); keep it in the log.
-        args.push("--show-output".into());
-    } else {
-        args.extend(extra.iter().cloned());
-    }
-    args
+/// The `cargo test` runs: every test binary but the host integration
+/// tests, one binary after another, each running its tests on its threads;
+/// then the host integration tests (one binary, `tests/host.rs`) one at a
+/// time: `.config/nextest.toml` keeps some of them apart (the OOM storms,
+/// one real cluster at a time), which threads in one process would not.
+fn cargo_test_args(extra: &[String]) -> Vec<Vec<String>> {
+    let tail = |threads: &[&str]| -> Vec<String> {
+        let mut args = vec!["--".to_string()];
+        args.extend(threads.iter().map(|a| a.to_string()));
+        if extra.is_empty() {
+            // The kernel tests print what they measured (event delays); keep it in the log.
+            args.push("--show-output".into());
+        } else {
+            args.extend(extra.iter().cloned());
+        }
+        args
+    };
+    let mut most: Vec<String> = ["test", "--locked", "--no-fail-fast"]
+        .map(String::from)
+        .to_vec();
+    most.extend(HOST_CRATES.map(String::from));
+    most.extend(["--exclude", "memwatch-tests"].map(String::from));
+    most.extend(["--lib", "--bins", "--tests"].map(String::from));
+    most.extend(tail(&[]));
+    let mut ours: Vec<String> = [
+        "test",
+        "--locked",
+        "--no-fail-fast",
+        "-p",
+        "memwatch-tests",
+        "--lib",
+        "--test",
+        "kernels",
+    ]
+    .map(String::from)
+    .to_vec();
+    ours.extend(tail(&[]));
+    let mut host: Vec<String> = ["test", "--locked", "-p", "memwatch-tests", "--test", "host"]
+        .map(String::from)
+        .to_vec();
+    host.extend(tail(&["--test-threads=1"]));
+    vec![most, ours, host]
 }
 
 #[cfg(test)]
@@ -134,12 +167,9 @@ mod tests {
 
     #[test]
     fn the_matrix_binaries_are_left_out_of_the_host_run() {
-        let args = nextest_args(&[], &["kernel_oom", "kernel_doctor"]);
+        let args = nextest_args(&[], &crate::vm::KERNEL_TESTS);
         let at = args.iter().position(|a| a == "-E").expect("a filter");
-        assert_eq!(
-            args[at + 1],
-            "not (binary_id(memwatch-tests::kernel_oom) | binary_id(memwatch-tests::kernel_doctor))"
-        );
+        assert_eq!(args[at + 1], "not (binary_id(memwatch-tests::kernels))");
         assert!(nextest_args(&[], &[]).iter().all(|a| a != "-E"));
     }
 
@@ -147,7 +177,13 @@ mod tests {
     fn a_filter_goes_after_the_separator() {
         let args = nextest_args(&["storm".into()], &[]);
         assert_eq!(&args[args.len() - 2..], ["--", "storm"]);
-        let args = cargo_test_args(&[]);
-        assert_eq!(args.last().map(String::as_str), Some("--show-output"));
+        let runs = cargo_test_args(&[]);
+        assert!(
+            runs.iter()
+                .all(|args| args.last().map(String::as_str) == Some("--show-output"))
+        );
+        let host = runs.last().unwrap();
+        assert!(host.windows(2).any(|w| w == ["--test", "host"]), "{host:?}");
+        assert!(host.iter().any(|a| a == "--test-threads=1"), "{host:?}");
     }
 }

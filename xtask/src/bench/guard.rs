@@ -15,13 +15,13 @@ use crate::shell;
 /// (test binary, test name, the line its figure is on).
 const TESTS: [(&str, &str, &str); 2] = [
     (
-        "schedulers_dask",
-        "dask_two_hosts_never_retire_every_worker",
+        "host",
+        "schedulers::dask::dask_two_hosts_never_retire_every_worker",
         "two hosts, both workers leaking:",
     ),
     (
-        "schedulers_slurm",
-        "slurm_two_hosts_never_drain_the_whole_partition",
+        "host",
+        "schedulers::slurm::slurm_two_hosts_never_drain_the_whole_partition",
         "two hosts, both workers unhealthy at once:",
     ),
 ];
@@ -86,7 +86,7 @@ pub(crate) fn guard() -> anyhow::Result<()> {
                 "bench guard: {test} run {run}/{runs}: {}",
                 line.as_deref().unwrap_or("-")
             );
-            figures.extend(line.as_deref().and_then(|l| figure(binary, l)));
+            figures.extend(line.as_deref().and_then(|l| figure(test, l)));
         }
         rows.push((test, runs, passed, figures, started.elapsed()));
     }
@@ -97,7 +97,7 @@ pub(crate) fn guard() -> anyhow::Result<()> {
     for (test, runs, passed, figures, took) in rows {
         let closest = match figures.iter().copied().reduce(f64::max) {
             None => "-".to_string(),
-            Some(_) if test.starts_with("dask") => format!(
+            Some(_) if test.starts_with("schedulers::dask") => format!(
                 "fewest workers listed: {} (floor 1)",
                 figures.iter().copied().fold(f64::MAX, f64::min)
             ),
@@ -112,9 +112,9 @@ pub(crate) fn guard() -> anyhow::Result<()> {
 }
 
 /// The run's figure from its line: Dask, the fewest workers listed; Slurm,
-/// seconds both nodes were drained.
-fn figure(binary: &str, line: &str) -> Option<f64> {
-    if binary == "schedulers_dask" {
+/// seconds both nodes were drained. `test` is the test's full name.
+fn figure(test: &str, line: &str) -> Option<f64> {
+    if test.starts_with("schedulers::dask::") {
         let rest = &line[line.find("fewest listed: ")? + "fewest listed: ".len()..];
         rest.split(';').next()?.trim().parse().ok()
     } else {
@@ -146,23 +146,20 @@ mod tests {
     #[test]
     fn figures_are_read_from_the_tests_lines() {
         assert_eq!(
-            figure(
-                "schedulers_dask",
-                "w2 kept; fewest listed: 1; first said 7.3s"
-            ),
+            figure(TESTS[0].1, "w2 kept; fewest listed: 1; first said 7.3s"),
             Some(1.0)
         );
         assert_eq!(
             figure(
-                "schedulers_slurm",
+                TESTS[1].1,
                 "n2 drained 2.27s after the leak started; both nodes drained for at most 12.5ms; the other"
             ),
             Some(0.0125)
         );
         assert_eq!(
-            figure("schedulers_slurm", "both nodes drained for at most 0ns; x"),
+            figure(TESTS[1].1, "both nodes drained for at most 0ns; x"),
             Some(0.0)
         );
-        assert_eq!(figure("schedulers_dask", "no figure"), None);
+        assert_eq!(figure(TESTS[0].1, "no figure"), None);
     }
 }

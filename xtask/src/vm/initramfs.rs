@@ -145,7 +145,7 @@ poweroff -f
     )
 }
 
-/// `kernel_oom-0123abcd` → `kernel_oom`.
+/// `kernels-0123abcd` → `kernels`.
 pub(super) fn test_name(exe: &Path) -> String {
     let file = exe
         .file_name()
@@ -228,8 +228,8 @@ mod tests {
     #[test]
     fn test_names_drop_the_cargo_hash() {
         assert_eq!(
-            test_name(Path::new("/t/release/deps/kernel_oom-0123abcdef")),
-            "kernel_oom"
+            test_name(Path::new("/t/release/deps/kernels-0123abcdef")),
+            "kernels"
         );
         assert_eq!(test_name(Path::new("/t/memhog")), "memhog");
     }

@@ -28,14 +28,9 @@ mod kernel;
 use initramfs::{BOOTED, DOCTOR_BEGIN, DOCTOR_END, EXIT, TEST_END};
 use kernel::Registry;
 
-/// The kernel test binaries of the memwatch-tests crate.
-pub(crate) const KERNEL_TESTS: [&str; 5] = [
-    "kernel_doctor",
-    "kernel_oom",
-    "kernel_predict",
-    "kernel_pressure",
-    "kernel_watchdog",
-];
+/// The kernel matrix's test binary of the memwatch-tests crate
+/// (`tests/kernels.rs`: doctor, oom, predict, pressure, watchdog).
+pub(crate) const KERNEL_TESTS: [&str; 1] = ["kernels"];
 /// Workspace binaries the tests run.
 const BINARIES: [&str; 2] = ["memwatch", "memhog"];
 
@@ -650,7 +645,7 @@ mod tests {
             "{\"rows\": []}",
             DOCTOR_END,
             "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
-            "MEMWATCH-VM-TEST-END kernel_oom rc=101",
+            "MEMWATCH-VM-TEST-END kernels rc=101",
             "MEMWATCH-VM-EXIT=1",
         ] {
             console.take(line);
