@@ -82,6 +82,11 @@ pub(crate) fn run(
     for args in args {
         shell::cargo_bounded(&args, TESTS_BOUND)?;
     }
+    if extra.is_empty() {
+        // The agent without its optional sinks (Cargo features, on by
+        // default) must pass its own unit tests too, not only lint clean.
+        shell::cargo_bounded(&slim_args(nextest()), TESTS_BOUND)?;
+    }
     eprintln!(
         "xtask: tests done in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -114,6 +119,27 @@ fn nextest_args(extra: &[String], left_to_matrix: &[&str]) -> Vec<String> {
         args.push("--".into());
         args.extend(extra.iter().cloned());
     }
+    args
+}
+
+/// The agent's unit tests built with no optional sink (`--no-default-features`).
+fn slim_args(nextest: bool) -> Vec<String> {
+    let run: &[&str] = if nextest {
+        &["nextest", "run"]
+    } else {
+        &["test"]
+    };
+    let mut args: Vec<String> = run.iter().map(|a| a.to_string()).collect();
+    args.extend(
+        [
+            "--locked",
+            "-p",
+            "memwatch",
+            "--no-default-features",
+            "--lib",
+        ]
+        .map(String::from),
+    );
     args
 }
 
@@ -171,6 +197,18 @@ mod tests {
         let at = args.iter().position(|a| a == "-E").expect("a filter");
         assert_eq!(args[at + 1], "not (binary_id(memwatch-tests::kernels))");
         assert!(nextest_args(&[], &[]).iter().all(|a| a != "-E"));
+    }
+
+    #[test]
+    fn the_slim_build_runs_the_agents_unit_tests() {
+        for nextest in [true, false] {
+            let args = slim_args(nextest);
+            assert!(
+                args.iter().any(|a| a == "--no-default-features"),
+                "{args:?}"
+            );
+            assert!(args.windows(2).any(|w| w == ["-p", "memwatch"]), "{args:?}");
+        }
     }
 
     #[test]
