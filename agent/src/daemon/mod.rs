@@ -64,9 +64,12 @@ const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
 /// saved (for reconcile.rs): a kill seen live less than this long before a
 /// crash may be reported again.
 const OOM_COUNTS_INTERVAL: Duration = Duration::from_secs(5);
-/// How often every memory cgroup's OOM counter is read (a walk of the whole
-/// hierarchy, costly with thousands of cgroups): picks up kills no live
-/// event named and forgets removed cgroups. Also done at start and at exit.
+/// How often the OOM counters are checked as a safety net: those of the
+/// cgroups accounted for (forgets removed ones); every memory cgroup's (a
+/// walk of the whole hierarchy, costly with thousands of cgroups) only on a
+/// kernel without the host-wide count, which otherwise says when a kill
+/// went unreported ([`reconcile::OomBook::rescan`]). Walked in full at
+/// start and at exit too.
 const OOM_RESCAN_INTERVAL: Duration = Duration::from_secs(300);
 /// How often expired events are removed from the outbox.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
@@ -279,7 +282,7 @@ impl Daemon {
                 }
                 _ = oom_rescan.tick() => {
                     if let Some(oom) = &mut self.oom {
-                        oom.owe_walk();
+                        oom.rescan();
                     }
                 }
             }

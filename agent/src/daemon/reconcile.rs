@@ -11,9 +11,10 @@
 //! Reading every counter means opening a file in every memory cgroup, which
 //! on a host with 10,000 cgroups costs a good part of a core for a moment.
 //! So the saved copy ([`OomCounters`]) is walked in full only at start, at
-//! shutdown and at a long interval; in between, only the cgroups where a
-//! kill was just seen (live, from the probe or the poll source) are read
-//! again. Only non-zero counters are kept: a cgroup missing from the saved
+//! shutdown, when the host-wide count says a kill went unreported, and (on
+//! a kernel without that count) at a long interval; in between, only the
+//! cgroups where a kill was just seen (live, from the probe or the poll
+//! source) are read again, and at the long interval those accounted for. Only non-zero counters are kept: a cgroup missing from the saved
 //! copy counts as 0, so the result is the same.
 
 use std::{
@@ -60,6 +61,8 @@ pub(crate) struct OomBook {
     host_ahead: bool,
     /// The last save failed: save at the next chance even without a change.
     unsaved: bool,
+    /// The next check also reads every cgroup accounted for ([`Self::rescan`]).
+    recheck_accounted: bool,
 }
 
 /// The kernel's OOM counters read before the probe attached.
@@ -154,6 +157,7 @@ impl OomBook {
             walk_owed: false,
             host_ahead: false,
             unsaved: !saved,
+            recheck_accounted: false,
         }
     }
 
@@ -175,6 +179,20 @@ impl OomBook {
     pub(crate) fn owe_walk(&mut self) {
         tracing::debug!("OOM counters: a walk is owed");
         self.walk_owed = true;
+    }
+
+    /// The long-interval safety net. With the host-wide count
+    /// (`/proc/vmstat` `oom_kill`, every kernel since 4.13) a kill no live
+    /// event named already owes a walk ([`Self::watch_host`]), so only the
+    /// cgroups accounted for (few: those with kills) are read again, which
+    /// forgets the removed ones (a gone cgroup reads 0) without opening a
+    /// file in every cgroup of the host. Without it, every cgroup is walked.
+    pub(crate) fn rescan(&mut self) {
+        if self.host_base.is_some() {
+            self.recheck_accounted = true;
+        } else {
+            self.owe_walk();
+        }
     }
 
     /// Cheap (one small file): whether the host-wide count grew past every
@@ -199,7 +217,11 @@ impl OomBook {
         }
         let mut cgroups: BTreeSet<PathBuf> = seen.keys().cloned().collect();
         cgroups.extend(self.suspects.keys().map(PathBuf::from));
-        (!cgroups.is_empty() || self.unsaved).then_some(OomScan::Cgroups(cgroups))
+        if self.recheck_accounted {
+            cgroups.extend(self.accounted.keys().map(PathBuf::from));
+        }
+        (!cgroups.is_empty() || self.unsaved || self.recheck_accounted)
+            .then_some(OomScan::Cgroups(cgroups))
     }
 
     /// Reads the counters `scan` names; reports as `oom_kill` (`recovered:
@@ -225,6 +247,7 @@ impl OomBook {
         let Ok((counts, host)) = read else {
             return;
         };
+        self.recheck_accounted = false;
         if full {
             self.walk_owed = false;
             // Cgroups gone since: their counters went with them.
@@ -464,6 +487,61 @@ mod tests {
         assert_eq!(
             recorder.outbox().saved_oom_counts().unwrap(),
             BTreeMap::from([(key(&a), 2), (key(&c), 5)])
+        );
+    }
+
+    /// The long-interval rescan: with the host-wide count it reads only the
+    /// cgroups accounted for (a removed one is forgotten), never every
+    /// cgroup of the host; without that count it walks them all.
+    #[tokio::test]
+    async fn the_rescan_reads_the_accounted_cgroups_unless_the_host_count_is_missing() {
+        let (dir, h) = hierarchy(CgroupVersion::V1);
+        let (a, gone, quiet) = (
+            dir.path().join("a"),
+            dir.path().join("gone"),
+            dir.path().join("quiet"),
+        );
+        control(dir.path(), 0);
+        control(&a, 1);
+        control(&gone, 2);
+        control(&quiet, 0);
+        let recorder = recorder();
+        let mut book = OomBook::open(OomBook::baseline(&h).await.unwrap(), &recorder);
+        let key = |p: &Path| p.display().to_string();
+        assert!(
+            book.host_base.is_some(),
+            "this host has /proc/vmstat oom_kill"
+        );
+        assert!(
+            book.to_read(&BTreeMap::new()).is_none(),
+            "nothing to do yet"
+        );
+
+        fs::remove_file(gone.join("memory.oom_control")).unwrap();
+        fs::remove_dir(&gone).unwrap();
+        book.rescan();
+        let scan = book.to_read(&BTreeMap::new()).expect("the rescan reads");
+        let OomScan::Cgroups(cgroups) = &scan else {
+            panic!("with the host-wide count, no full walk");
+        };
+        assert_eq!(cgroups, &BTreeSet::from([a.clone(), gone.clone()]));
+        book.check(&recorder, scan).await;
+        assert_eq!(
+            book.accounted,
+            BTreeMap::from([(key(&a), 1)]),
+            "gone is forgotten"
+        );
+        assert!(recovered(&recorder).is_empty());
+        assert!(
+            book.to_read(&BTreeMap::new()).is_none(),
+            "done until the next rescan"
+        );
+
+        book.host_base = None;
+        book.rescan();
+        assert!(
+            matches!(book.to_read(&BTreeMap::new()), Some(OomScan::Full)),
+            "without the host-wide count the rescan walks every cgroup"
         );
     }
 
