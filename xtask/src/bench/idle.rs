@@ -115,20 +115,40 @@ fn measure(bin: &Path, ticks: f64) -> anyhow::Result<(f64, f64)> {
     let agent = start_agent(bin, &[])?;
     let pid = agent.pid().context("the agent runs")?;
     thread::sleep(SETTLE);
-    let (before, threads_before) = (cpu_ticks(pid)?, thread_run_ns(pid)?);
+    let before = CpuSnapshot::of(pid)?;
     thread::sleep(WINDOW);
-    let (after, threads_after) = (cpu_ticks(pid)?, thread_run_ns(pid)?);
+    let cpu = CpuSnapshot::of(pid)?.percent_since(&before, WINDOW, ticks);
     let rss_kib = status_kib(pid, "VmRSS:")?;
     drop(agent);
-    let window = WINDOW.as_secs_f64();
-    let cpu = match run_ns_between(&threads_before, &threads_after) {
-        Some(ns) => ns as f64 / 1e9 / window * 100.0,
-        None => {
-            eprintln!("xtask: the agent's threads changed in the window: clock ticks");
-            (after - before) as f64 / ticks / window * 100.0
-        }
-    };
     Ok((cpu, rss_kib as f64 / 1024.0))
+}
+
+/// A process's CPU so far: clock ticks and each thread's run time.
+pub(super) struct CpuSnapshot {
+    ticks: u64,
+    threads: std::collections::BTreeMap<u64, u64>,
+}
+
+impl CpuSnapshot {
+    pub(super) fn of(pid: u32) -> anyhow::Result<CpuSnapshot> {
+        Ok(CpuSnapshot {
+            ticks: cpu_ticks(pid)?,
+            threads: thread_run_ns(pid)?,
+        })
+    }
+
+    /// % of one core since `before`, over `window`: from the threads' run
+    /// time when they are the same threads, else from the clock ticks.
+    pub(super) fn percent_since(&self, before: &CpuSnapshot, window: Duration, ticks: f64) -> f64 {
+        let window = window.as_secs_f64();
+        match run_ns_between(&before.threads, &self.threads) {
+            Some(ns) => ns as f64 / 1e9 / window * 100.0,
+            None => {
+                eprintln!("xtask: the agent's threads changed in the window: clock ticks");
+                self.ticks.saturating_sub(before.ticks) as f64 / ticks / window * 100.0
+            }
+        }
+    }
 }
 
 /// Each thread of `pid` and the nanoseconds it has run (the first field

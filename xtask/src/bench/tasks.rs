@@ -35,7 +35,7 @@ use super::{
     baseline::Baseline,
     builds,
     compare::Figure,
-    idle::{clock_ticks, cpu_ticks, status_kib},
+    idle::{CpuSnapshot, clock_ticks, status_kib},
     release_bins, start_agent,
 };
 
@@ -270,16 +270,16 @@ fn levels(agents: &Agents, workload: &mut Workload) -> anyhow::Result<(Vec<Row>,
         let before = agents
             .0
             .iter()
-            .map(|(pid, _)| cpu_ticks(*pid))
+            .map(|(pid, _)| CpuSnapshot::of(*pid))
             .collect::<anyhow::Result<Vec<_>>>()?;
         thread::sleep(WINDOW);
         let mut builds = Vec::new();
         for ((pid, _), (before, times)) in agents.0.iter().zip(before.iter().zip(&mut times)) {
-            let after = cpu_ticks(*pid)?;
+            let after = CpuSnapshot::of(*pid)?;
             builds.push(Figures {
                 p50_ms: quantile(times, 0.5),
                 p99_ms: quantile(times, 0.99),
-                cpu_percent: (after - before) as f64 / ticks / WINDOW.as_secs_f64() * 100.0,
+                cpu_percent: after.percent_since(before, WINDOW, ticks),
                 rss_mib: status_kib(*pid, "VmRSS:")? as f64 / 1024.0,
             });
         }
