@@ -134,13 +134,15 @@ impl Agent {
             )
             .arg("--state-dir")
             .arg(&state_dir)
-            .args(
-                (!options.args.iter().any(|a| a == "--socket"))
-                    .then(|| ["--socket".as_ref(), agent.socket.as_os_str()])
-                    .into_iter()
-                    .flatten(),
-            )
-            .args(&options.args)
+            .args(&options.args);
+        if !options.args.iter().any(|a| a == "--socket") {
+            // Through its variable, not `--socket`: the same for this build
+            // (a flag and its variable rank alike above the config file),
+            // and an older build that has no socket ignores it, so
+            // `cargo xtask bench --baseline` can start one that old.
+            command.env("MEMWATCH_SOCKET", &agent.socket);
+        }
+        command
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
