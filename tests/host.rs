@@ -45,6 +45,8 @@ mod kernel {
 }
 
 mod ops {
+    /// A local user (a real unprivileged uid) against the agent as each shipped form runs it (root).
+    mod attacker;
     /// The admission policy's CEL against allowed and forbidden writes (offline).
     mod admission;
     /// Packaging: the documented capability set, run for real (root).
