@@ -45,10 +45,10 @@ mod kernel {
 }
 
 mod ops {
-    /// A local user (a real unprivileged uid) against the agent as each shipped form runs it (root).
-    mod attacker;
     /// The admission policy's CEL against allowed and forbidden writes (offline).
     mod admission;
+    /// A local user (a real unprivileged uid) against the agent as each shipped form runs it (root).
+    mod attacker;
     /// Packaging: the documented capability set, run for real (root).
     mod capabilities;
     /// The image under podman + runc with the DaemonSet's security context and seccomp profiles (root).

@@ -8,8 +8,9 @@
 //! schema types; links between the docs resolve; and no tracked file points
 //! outside the repository.
 //!
-//! Longer than 600 lines: one binary for every doc-against-code check, so
-//! the agent is linked once; to be split into modules by subject.
+//! Longer than 600 lines: every doc-against-code check, with the scanners
+//! of the source they share (routes, flags, config keys, event fields);
+//! not split by subject yet (`sink_guide` is its first module).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

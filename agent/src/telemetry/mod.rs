@@ -2,20 +2,20 @@
 //!
 //! Metric names are constants here; labels are low-cardinality (event kind,
 //! drop reason, probe counter), never a pid or a cgroup. The registry is
-//! made in `main` and passed down.
-//!
-//! Longer than 600 lines: every exported metric's name, help and labels in
-//! one place (docs/metrics.md is checked against the names here);
-//! `Metrics::new` still registers them one by one, to become one table
-//! (issue 26).
+//! made in `main` and passed down. `Metrics` is one table (the `metrics!`
+//! macro of table.rs): each metric's field, name, help and labels, once.
 
 pub(crate) mod delay;
 pub mod heap;
 pub(crate) mod liveness;
 pub(crate) mod notify;
+mod table;
 
 use agent_common::ProbeCounter;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    CounterVec, GaugeVec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
 use tracing_subscriber::EnvFilter;
 
 pub(crate) const OOM_KILLS_TOTAL: &str = "memwatch_oom_kills_total";
@@ -51,13 +51,6 @@ pub(crate) const PROGRAM_RUN_SECONDS_TOTAL: &str = "memwatch_probe_program_run_s
 /// Seconds, for the predictor's lead time and ETA error.
 const PREDICT_BUCKETS: [f64; 10] = [0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
 
-fn gauge(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
-    IntGaugeVec::new(Opts::new(name, help), labels)
-}
-
-fn counter(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
-    IntCounterVec::new(Opts::new(name, help), labels)
-}
 pub(crate) const OUTBOX_STORED: &str = "memwatch_outbox_stored_events";
 pub(crate) const OUTBOX_STORED_BYTES: &str = "memwatch_outbox_stored_bytes";
 pub(crate) const OUTBOX_PENDING: &str = "memwatch_outbox_pending_events";
@@ -180,126 +173,212 @@ pub(crate) fn probe_counter_metric(counter: ProbeCounter) -> (&'static str, &'st
     }
 }
 
-/// Every metric the agent exports. Cheap to clone (handles are shared).
-#[derive(Clone)]
-pub struct Metrics {
-    /// OOM kills reported, by `constraint` (`cgroup`, `global`, or
-    /// `unknown` for a kill recovered from the counters).
-    pub oom_kills: IntCounterVec,
-    /// Events appended to the outbox, by kind.
-    pub events: IntCounterVec,
-    /// Events lost, by reason (`outbox_full`, `ringbuf_full`, …).
-    pub events_dropped: IntCounterVec,
-    /// 1 once the probe is attached and its reader runs.
-    pub probe_ready: IntGauge,
-    /// 1 for the event source in use (`ebpf` or `poll`).
-    pub probe_source: IntGaugeVec,
-    /// The eBPF programs' own counters, one metric each, in
-    /// [`ProbeCounter::ALL`] order (see [`probe_counter_metric`]).
-    pub probe_counters: Vec<IntCounter>,
-    /// Per worker (configured, so few): memory, residual memory, soft cap.
-    pub worker_memory: IntGaugeVec,
-    pub worker_residual: IntGaugeVec,
-    pub worker_soft_cap: IntGaugeVec,
-    /// 1 for the worker's current state (`healthy`, `degraded`, `unhealthy`), 0 for the others.
-    pub worker_health: IntGaugeVec,
-    /// Changes into `unhealthy` or back to `healthy`, by worker and target state.
-    pub worker_transitions: IntCounterVec,
-    pub tasks_running: IntGaugeVec,
-    pub task_rejections: IntCounterVec,
-    /// Soft-cap crossings, by scope (`task` or `worker`).
-    pub soft_cap_crossings: IntCounterVec,
-    /// OOM kills attributed to a worker's tasks or the worker itself.
-    pub task_oom_kills: IntCounterVec,
-    /// Lines crossed in the kernel, by line (`above_cap`, `below_cap`, `step`).
-    pub growth_lines: IntCounterVec,
-    /// Predicted kills: seconds from the first `oom_imminent` to the kill,
-    /// and how far the ETA said was from it (absolute).
-    pub predict_lead: prometheus::Histogram,
-    /// Seconds to each worker's soonest predicted kill; absent when none.
-    pub worker_oom_eta: prometheus::GaugeVec,
-    pub predict_eta_error: prometheus::Histogram,
-    /// The predictor's full reads of a cgroup, by why (`new`, `kernel`,
-    /// `usage`, `near_limit`, `poll`, `reread`).
-    pub predict_reads: IntCounterVec,
-    /// Runs and run time of each eBPF program (with `bpf_stats = true`).
-    pub program_runs: IntCounterVec,
-    pub program_run_seconds: prometheus::CounterVec,
-    /// Events in the outbox database.
-    pub outbox_stored: IntGauge,
-    pub outbox_stored_bytes: IntGauge,
-    /// Events held in memory because the state directory cannot be written.
-    pub outbox_pending: IntGauge,
-    /// Events that could not be written to the state directory when made.
-    pub outbox_unpersisted: IntCounter,
-    /// Events a sink acknowledged, by sink name.
-    pub sink_delivered: IntCounterVec,
-    /// Batches sent again after a failure, by sink name.
-    pub sink_retries: IntCounterVec,
-    /// Failed attempts, by sink name and class (`connect`, `timeout`, `status`, `other`).
-    pub sink_failures: IntCounterVec,
-    /// Events a sink has not acknowledged yet, by sink name.
-    pub sink_backlog: IntGaugeVec,
-    /// What scheduler sinks did (`retire`, `drain`, `resume`, `requeue`,
-    /// `guard_blocked`), by sink name.
-    pub scheduler_actions: IntCounterVec,
-    /// API connections closed at once because the listener had as many
-    /// open as it may, by listener (`tcp`, `unix`).
-    pub api_connections_refused: IntCounterVec,
-    /// Stored state set aside because it was corrupt, by what
-    /// (`outbox`: the whole database; `slurm`: a Slurm sink's state file).
-    pub state_quarantined: IntCounterVec,
-    /// PSI averages as fractions, by `scope` (`host`, `worker`), `worker`
-    /// (empty for the host), `kind` (`some`, `full`), `window`.
-    pub memory_pressure: prometheus::GaugeVec,
-    /// PSI stall time, by `scope`, `worker`, `kind`.
-    pub memory_pressure_stall: prometheus::CounterVec,
-    /// A worker's memory event counters (`memory.events`), by `event`.
-    pub memory_events: IntCounterVec,
-    /// Where the delay of OOM kills and soft-cap crossings goes.
-    pub timeline: delay::Timeline,
+table::metrics! {
+    table {
+        /// OOM kills reported, by `constraint` (`cgroup`, `global`, or
+        /// `unknown` for a kill recovered from the counters).
+        oom_kills: IntCounterVec(
+            OOM_KILLS_TOTAL,
+            "OOM kills reported by the kernel.",
+            ["constraint"],
+        ),
+        /// Events appended to the outbox, by kind.
+        events: IntCounterVec(EVENTS_TOTAL, "Events appended to the outbox.", ["kind"]),
+        /// Events lost, by reason (`outbox_full`, `ringbuf_full`, …).
+        events_dropped: IntCounterVec(
+            EVENTS_DROPPED_TOTAL,
+            "Events lost before every consumer had them, by reason.",
+            ["reason"],
+        ),
+        /// 1 once the probe is attached and its reader runs.
+        probe_ready: IntGauge(PROBE_READY, "1 once the probe is attached."),
+        /// 1 for the event source in use (`ebpf` or `poll`).
+        probe_source: IntGaugeVec(PROBE_SOURCE, "1 for the event source in use.", ["source"]),
+        /// Per worker (configured, so few): memory.
+        worker_memory: IntGaugeVec(
+            WORKER_MEMORY_BYTES,
+            "Worker memory (cgroup working set or process RSS).",
+            ["worker"],
+        ),
+        /// Per worker: memory not owned by its running tasks.
+        worker_residual: IntGaugeVec(
+            WORKER_RESIDUAL_BYTES,
+            "Worker memory not owned by its running tasks.",
+            ["worker"],
+        ),
+        /// Per worker: its soft cap.
+        worker_soft_cap: IntGaugeVec(WORKER_SOFT_CAP_BYTES, "Worker soft cap.", ["worker"]),
+        /// 1 for the worker's current state (`healthy`, `degraded`, `unhealthy`), 0 for the others.
+        worker_health: IntGaugeVec(
+            WORKER_HEALTH,
+            "1 for the worker's current health state.",
+            ["worker", "state"],
+        ),
+        /// Changes into `unhealthy` or back to `healthy`, by worker and target state.
+        worker_transitions: IntCounterVec(
+            WORKER_TRANSITIONS_TOTAL,
+            "Worker health changes, by target state.",
+            ["worker", "to"],
+        ),
+        /// Tasks running, per worker.
+        tasks_running: IntGaugeVec(TASKS_RUNNING, "Tasks running per worker.", ["worker"]),
+        /// Task registrations rejected, per worker.
+        task_rejections: IntCounterVec(
+            TASK_REJECTIONS_TOTAL,
+            "Task registrations rejected.",
+            ["worker"],
+        ),
+        /// Soft-cap crossings, by scope (`task` or `worker`).
+        soft_cap_crossings: IntCounterVec(
+            SOFT_CAP_CROSSINGS_TOTAL,
+            "Soft-cap crossings.",
+            ["scope"],
+        ),
+        /// OOM kills attributed to a worker's tasks or the worker itself.
+        task_oom_kills: IntCounterVec(
+            TASK_OOM_KILLS_TOTAL,
+            "OOM kills attributed to a worker.",
+            ["worker"],
+        ),
+        /// Lines crossed in the kernel, by line (`above_cap`, `below_cap`, `step`).
+        growth_lines: IntCounterVec(
+            GROWTH_LINES_TOTAL,
+            "Memory cgroup lines crossed, seen in the kernel.",
+            ["line"],
+        ),
+        /// Predicted kills: seconds from the first `oom_imminent` to the kill.
+        predict_lead: Histogram(
+            PREDICT_LEAD_SECONDS,
+            "Predicted OOM kills: seconds from the first oom_imminent to the kill.",
+            buckets = PREDICT_BUCKETS,
+        ),
+        /// Seconds to each worker's soonest predicted kill; absent when none.
+        worker_oom_eta: GaugeVec(
+            WORKER_OOM_ETA_SECONDS,
+            "Seconds to the worker's soonest predicted OOM kill (absent when none).",
+            ["worker"],
+        ),
+        /// Predicted kills: how far the ETA said was from the kill (absolute).
+        predict_eta_error: Histogram(
+            PREDICT_ETA_ERROR_SECONDS,
+            "Predicted OOM kills: absolute seconds between the ETA said and the kill.",
+            buckets = PREDICT_BUCKETS,
+        ),
+        /// The predictor's full reads of a cgroup, by why (`new`, `kernel`,
+        /// `usage`, `near_limit`, `poll`, `reread`).
+        predict_reads: IntCounterVec(
+            PREDICT_READS_TOTAL,
+            "Full reads of a cgroup by the kill predictor, by why.",
+            ["why"],
+        ),
+        /// Runs of each eBPF program (with `bpf_stats = true`).
+        program_runs: IntCounterVec(
+            PROGRAM_RUNS_TOTAL,
+            "eBPF program runs (with bpf_stats on).",
+            ["program"],
+        ),
+        /// Run time of each eBPF program (with `bpf_stats = true`).
+        program_run_seconds: CounterVec(
+            PROGRAM_RUN_SECONDS_TOTAL,
+            "eBPF program run time (with bpf_stats on).",
+            ["program"],
+        ),
+        /// Events in the outbox database.
+        outbox_stored: IntGauge(OUTBOX_STORED, "Events in the outbox database."),
+        /// Bytes of event JSON in the outbox database.
+        outbox_stored_bytes: IntGauge(
+            OUTBOX_STORED_BYTES,
+            "Bytes of event JSON in the outbox database (bounded by outbox_max_bytes).",
+        ),
+        /// Events held in memory because the state directory cannot be written.
+        outbox_pending: IntGauge(
+            OUTBOX_PENDING,
+            "Events held in memory because the state directory cannot be written.",
+        ),
+        /// Events that could not be written to the state directory when made.
+        outbox_unpersisted: IntCounter(
+            OUTBOX_UNPERSISTED_TOTAL,
+            "Events that could not be written to the state directory when made.",
+        ),
+        /// Events a sink acknowledged, by sink name.
+        sink_delivered: IntCounterVec(
+            SINK_DELIVERED_TOTAL,
+            "Events acknowledged by a sink.",
+            ["sink"],
+        ),
+        /// Batches sent again after a failure, by sink name.
+        sink_retries: IntCounterVec(
+            SINK_RETRIES_TOTAL,
+            "Batches sent again after a failure.",
+            ["sink"],
+        ),
+        /// Failed attempts, by sink name and class (`connect`, `timeout`, `status`, `other`).
+        sink_failures: IntCounterVec(
+            SINK_FAILURES_TOTAL,
+            "Failed delivery attempts, by class.",
+            ["sink", "class"],
+        ),
+        /// Events a sink has not acknowledged yet, by sink name.
+        sink_backlog: IntGaugeVec(
+            SINK_BACKLOG,
+            "Events a sink has not acknowledged yet.",
+            ["sink"],
+        ),
+        /// What scheduler sinks did (`retire`, `drain`, `resume`, `requeue`,
+        /// `guard_blocked`), by sink name.
+        scheduler_actions: IntCounterVec(
+            SCHEDULER_ACTIONS_TOTAL,
+            "Actions scheduler sinks took (or were refused by the guard).",
+            ["sink", "action"],
+        ),
+        /// API connections closed at once because the listener had as many
+        /// open as it may, by listener (`tcp`, `unix`).
+        api_connections_refused: IntCounterVec(
+            API_CONNECTIONS_REFUSED_TOTAL,
+            "API connections closed at once: the listener had as many open as it may.",
+            ["listener"],
+        ),
+        /// Stored state set aside because it was corrupt, by what
+        /// (`outbox`: the whole database; `slurm`: a Slurm sink's state file).
+        state_quarantined: IntCounterVec(
+            STATE_QUARANTINED_TOTAL,
+            "Stored state set aside because it was corrupt.",
+            ["what"],
+        ),
+        /// PSI averages as fractions, by `scope` (`host`, `worker`), `worker`
+        /// (empty for the host), `kind` (`some`, `full`), `window`.
+        memory_pressure: GaugeVec(
+            MEMORY_PRESSURE_RATIO,
+            "Share of time tasks stalled on memory (PSI avg, a fraction 0-1).",
+            ["scope", "worker", "kind", "window"],
+        ),
+        /// PSI stall time, by `scope`, `worker`, `kind`.
+        memory_pressure_stall: CounterVec(
+            PRESSURE_STALL_TOTAL,
+            "Time tasks stalled on memory (PSI total).",
+            ["scope", "worker", "kind"],
+        ),
+        /// A worker's memory event counters (`memory.events`), by `event`.
+        memory_events: IntCounterVec(
+            MEMORY_EVENTS_TOTAL,
+            "A worker cgroup's memory events (memory.events; v1: failcnt, oom_control).",
+            ["worker", "event"],
+        ),
+    }
+    by_hand {
+        /// The eBPF programs' own counters, one metric each, in
+        /// [`ProbeCounter::ALL`] order (see [`probe_counter_metric`]).
+        probe_counters: Vec<IntCounter>,
+        /// Where the delay of OOM kills and soft-cap crossings goes.
+        timeline: delay::Timeline,
+    }
 }
 
 impl Metrics {
+    /// The table's collectors and the hand-built ones.
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        let mut all: Vec<Box<dyn prometheus::core::Collector>> = vec![
-            Box::new(self.oom_kills.clone()),
-            Box::new(self.events.clone()),
-            Box::new(self.events_dropped.clone()),
-            Box::new(self.probe_ready.clone()),
-            Box::new(self.probe_source.clone()),
-            Box::new(self.worker_memory.clone()),
-            Box::new(self.worker_residual.clone()),
-            Box::new(self.worker_soft_cap.clone()),
-            Box::new(self.worker_health.clone()),
-            Box::new(self.worker_transitions.clone()),
-            Box::new(self.tasks_running.clone()),
-            Box::new(self.task_rejections.clone()),
-            Box::new(self.soft_cap_crossings.clone()),
-            Box::new(self.task_oom_kills.clone()),
-            Box::new(self.growth_lines.clone()),
-            Box::new(self.predict_lead.clone()),
-            Box::new(self.worker_oom_eta.clone()),
-            Box::new(self.predict_eta_error.clone()),
-            Box::new(self.predict_reads.clone()),
-            Box::new(self.program_runs.clone()),
-            Box::new(self.program_run_seconds.clone()),
-            Box::new(self.outbox_stored.clone()),
-            Box::new(self.outbox_stored_bytes.clone()),
-            Box::new(self.outbox_pending.clone()),
-            Box::new(self.outbox_unpersisted.clone()),
-            Box::new(self.sink_delivered.clone()),
-            Box::new(self.sink_retries.clone()),
-            Box::new(self.state_quarantined.clone()),
-            Box::new(self.sink_failures.clone()),
-            Box::new(self.sink_backlog.clone()),
-            Box::new(self.scheduler_actions.clone()),
-            Box::new(self.api_connections_refused.clone()),
-            Box::new(self.memory_pressure.clone()),
-            Box::new(self.memory_pressure_stall.clone()),
-            Box::new(self.memory_events.clone()),
-            Box::new(self.timeline.seconds.clone()),
-        ];
+        let mut all = self.table_collectors();
+        all.push(Box::new(self.timeline.seconds.clone()));
         all.extend(
             self.probe_counters
                 .iter()
@@ -345,185 +424,17 @@ impl Metrics {
         }
     }
 
-    // One registration per metric, in one place: a list, not logic (its
-    // names are checked against docs/metrics.md). Splitting it would only
-    // scatter the list.
+    /// Every metric made and registered in `registry`: the table's, then
+    /// the hand-built ones, build info and the process collector.
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
-        let metrics = Self {
-            oom_kills: IntCounterVec::new(
-                Opts::new(OOM_KILLS_TOTAL, "OOM kills reported by the kernel."),
-                &["constraint"],
-            )?,
-            events: IntCounterVec::new(
-                Opts::new(EVENTS_TOTAL, "Events appended to the outbox."),
-                &["kind"],
-            )?,
-            events_dropped: IntCounterVec::new(
-                Opts::new(
-                    EVENTS_DROPPED_TOTAL,
-                    "Events lost before every consumer had them, by reason.",
-                ),
-                &["reason"],
-            )?,
-            probe_ready: IntGauge::new(PROBE_READY, "1 once the probe is attached.")?,
-            probe_source: IntGaugeVec::new(
-                Opts::new(PROBE_SOURCE, "1 for the event source in use."),
-                &["source"],
-            )?,
-            probe_counters: ProbeCounter::ALL
-                .iter()
-                .map(|c| {
-                    let (name, help) = probe_counter_metric(*c);
-                    IntCounter::new(name, help)
-                })
-                .collect::<Result<_, _>>()?,
-            worker_memory: gauge(
-                WORKER_MEMORY_BYTES,
-                "Worker memory (cgroup working set or process RSS).",
-                &["worker"],
-            )?,
-            worker_residual: gauge(
-                WORKER_RESIDUAL_BYTES,
-                "Worker memory not owned by its running tasks.",
-                &["worker"],
-            )?,
-            worker_soft_cap: gauge(WORKER_SOFT_CAP_BYTES, "Worker soft cap.", &["worker"])?,
-            worker_health: gauge(
-                WORKER_HEALTH,
-                "1 for the worker's current health state.",
-                &["worker", "state"],
-            )?,
-            worker_transitions: counter(
-                WORKER_TRANSITIONS_TOTAL,
-                "Worker health changes, by target state.",
-                &["worker", "to"],
-            )?,
-            tasks_running: gauge(TASKS_RUNNING, "Tasks running per worker.", &["worker"])?,
-            task_rejections: counter(
-                TASK_REJECTIONS_TOTAL,
-                "Task registrations rejected.",
-                &["worker"],
-            )?,
-            soft_cap_crossings: counter(
-                SOFT_CAP_CROSSINGS_TOTAL,
-                "Soft-cap crossings.",
-                &["scope"],
-            )?,
-            task_oom_kills: counter(
-                TASK_OOM_KILLS_TOTAL,
-                "OOM kills attributed to a worker.",
-                &["worker"],
-            )?,
-            growth_lines: counter(
-                GROWTH_LINES_TOTAL,
-                "Memory cgroup lines crossed, seen in the kernel.",
-                &["line"],
-            )?,
-            worker_oom_eta: prometheus::GaugeVec::new(
-                Opts::new(
-                    WORKER_OOM_ETA_SECONDS,
-                    "Seconds to the worker's soonest predicted OOM kill (absent when none).",
-                ),
-                &["worker"],
-            )?,
-            predict_lead: prometheus::Histogram::with_opts(
-                prometheus::HistogramOpts::new(
-                    PREDICT_LEAD_SECONDS,
-                    "Predicted OOM kills: seconds from the first oom_imminent to the kill.",
-                )
-                .buckets(PREDICT_BUCKETS.to_vec()),
-            )?,
-            predict_eta_error: prometheus::Histogram::with_opts(
-                prometheus::HistogramOpts::new(
-                    PREDICT_ETA_ERROR_SECONDS,
-                    "Predicted OOM kills: absolute seconds between the ETA said and the kill.",
-                )
-                .buckets(PREDICT_BUCKETS.to_vec()),
-            )?,
-            predict_reads: counter(
-                PREDICT_READS_TOTAL,
-                "Full reads of a cgroup by the kill predictor, by why.",
-                &["why"],
-            )?,
-            program_runs: counter(
-                PROGRAM_RUNS_TOTAL,
-                "eBPF program runs (with bpf_stats on).",
-                &["program"],
-            )?,
-            program_run_seconds: prometheus::CounterVec::new(
-                Opts::new(
-                    PROGRAM_RUN_SECONDS_TOTAL,
-                    "eBPF program run time (with bpf_stats on).",
-                ),
-                &["program"],
-            )?,
-            outbox_stored: IntGauge::new(OUTBOX_STORED, "Events in the outbox database.")?,
-            outbox_stored_bytes: IntGauge::new(
-                OUTBOX_STORED_BYTES,
-                "Bytes of event JSON in the outbox database (bounded by outbox_max_bytes).",
-            )?,
-            outbox_pending: IntGauge::new(
-                OUTBOX_PENDING,
-                "Events held in memory because the state directory cannot be written.",
-            )?,
-            outbox_unpersisted: IntCounter::new(
-                OUTBOX_UNPERSISTED_TOTAL,
-                "Events that could not be written to the state directory when made.",
-            )?,
-            sink_delivered: IntCounterVec::new(
-                Opts::new(SINK_DELIVERED_TOTAL, "Events acknowledged by a sink."),
-                &["sink"],
-            )?,
-            sink_retries: IntCounterVec::new(
-                Opts::new(SINK_RETRIES_TOTAL, "Batches sent again after a failure."),
-                &["sink"],
-            )?,
-            sink_failures: IntCounterVec::new(
-                Opts::new(SINK_FAILURES_TOTAL, "Failed delivery attempts, by class."),
-                &["sink", "class"],
-            )?,
-            sink_backlog: IntGaugeVec::new(
-                Opts::new(SINK_BACKLOG, "Events a sink has not acknowledged yet."),
-                &["sink"],
-            )?,
-            scheduler_actions: IntCounterVec::new(
-                Opts::new(
-                    SCHEDULER_ACTIONS_TOTAL,
-                    "Actions scheduler sinks took (or were refused by the guard).",
-                ),
-                &["sink", "action"],
-            )?,
-            api_connections_refused: counter(
-                API_CONNECTIONS_REFUSED_TOTAL,
-                "API connections closed at once: the listener had as many open as it may.",
-                &["listener"],
-            )?,
-            state_quarantined: counter(
-                STATE_QUARANTINED_TOTAL,
-                "Stored state set aside because it was corrupt.",
-                &["what"],
-            )?,
-            memory_pressure: prometheus::GaugeVec::new(
-                Opts::new(
-                    MEMORY_PRESSURE_RATIO,
-                    "Share of time tasks stalled on memory (PSI avg, a fraction 0-1).",
-                ),
-                &["scope", "worker", "kind", "window"],
-            )?,
-            memory_pressure_stall: prometheus::CounterVec::new(
-                Opts::new(
-                    PRESSURE_STALL_TOTAL,
-                    "Time tasks stalled on memory (PSI total).",
-                ),
-                &["scope", "worker", "kind"],
-            )?,
-            memory_events: counter(
-                MEMORY_EVENTS_TOTAL,
-                "A worker cgroup's memory events (memory.events; v1: failcnt, oom_control).",
-                &["worker", "event"],
-            )?,
-            timeline: delay::Timeline::new()?,
-        };
+        let probe_counters = ProbeCounter::ALL
+            .iter()
+            .map(|c| {
+                let (name, help) = probe_counter_metric(*c);
+                IntCounter::new(name, help)
+            })
+            .collect::<Result<_, _>>()?;
+        let metrics = Self::from_table(probe_counters, delay::Timeline::new()?)?;
         // The known constraints are series from the start (at 0).
         for constraint in ["cgroup", "global", "unknown"] {
             metrics.oom_kills.with_label_values(&[constraint]);
@@ -548,6 +459,36 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    /// Every metric of the table is registered, once: a field added to the
+    /// struct cannot go unexported. Making them twice in one registry fails.
+    #[test]
+    fn every_table_metric_is_registered_once() {
+        let registry = Registry::new();
+        let metrics = Metrics::new(&registry).unwrap();
+        // A `…Vec` with no series is not gathered.
+        metrics.touch_table();
+        let families = registry.gather();
+        let count = |name: &str| families.iter().filter(|f| f.name() == name).count();
+        for name in Metrics::TABLE {
+            assert_eq!(count(name), 1, "{name}");
+        }
+        let by_hand = ProbeCounter::ALL
+            .iter()
+            .map(|c| probe_counter_metric(*c).0)
+            .chain([EVENT_DELAY_SECONDS, BUILD_INFO]);
+        for name in by_hand.clone() {
+            assert_eq!(count(name), 1, "{name}");
+        }
+        let ours: Vec<&str> = Metrics::TABLE.iter().copied().chain(by_hand).collect();
+        let unknown: Vec<&str> = families
+            .iter()
+            .map(|f| f.name())
+            .filter(|n| n.starts_with("memwatch_") && !ours.contains(n))
+            .collect();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert!(Metrics::new(&registry).is_err(), "registered twice");
+    }
 
     /// A log destination the test reads back.
     #[derive(Clone, Default)]
