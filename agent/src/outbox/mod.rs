@@ -158,8 +158,11 @@ struct Core {
     room: Condvar,
     host: Arc<str>,
     metrics: Metrics,
-    /// The newest seq, for readers that wait for more (sinks, `events --follow`).
+    /// The newest seq stored and synced ([`Outbox::stored`] waits on it).
     newest: watch::Sender<u64>,
+    /// The newest seq handed out, for readers that wait for more (the
+    /// sinks): told at append, before the event is stored.
+    numbered: watch::Sender<u64>,
     /// The database's epoch.
     epoch: Arc<str>,
     /// The corrupt database set aside when this one was opened.
@@ -302,6 +305,7 @@ impl Outbox {
             host: host.into(),
             metrics,
             newest: watch::channel(last).0,
+            numbered: watch::channel(last).0,
             epoch,
             set_aside: OnceLock::new(),
             beat: Mutex::new(None),
@@ -350,6 +354,9 @@ impl Outbox {
             .with_label_values(&[kind.as_str()])
             .inc();
         self.writer.wake();
+        if event.seq != UNNUMBERED {
+            self.core.numbered(event.seq);
+        }
         event
     }
 
@@ -384,7 +391,22 @@ impl Outbox {
 
     /// Up to `limit` events with `seq > after`, oldest first: those stored,
     /// then those still waiting for the writer.
+    ///
+    /// Never waits for a write in progress when every event after `after`
+    /// is still queued (a sink that keeps up): the sinks send an event
+    /// while the writer syncs it, and only their cursors wait for the
+    /// disk (see [`Outbox::ack`]).
     pub fn read(&self, after: u64, limit: usize) -> Vec<Event> {
+        {
+            let mem = self.core.mem();
+            if after >= mem.newest_stored {
+                // Nothing stored is newer; what the writer is writing is
+                // still in the queue until it is stored.
+                return queued_after(&mem, after, limit)
+                    .map(|e| self.with_epoch(e))
+                    .collect();
+            }
+        }
         let (events, set_aside) = off_runtime(|| {
             let store = self.core.store();
             let (mut events, set_aside) = match store.read(after, limit) {
@@ -396,20 +418,10 @@ impl Outbox {
             };
             let mem = self.core.mem();
             let room = limit.saturating_sub(events.len());
-            events.extend(
-                mem.pending
-                    .iter()
-                    .filter(|e| e.seq != UNNUMBERED && e.seq > after)
-                    .take(room)
-                    .cloned(),
-            );
+            events.extend(queued_after(&mem, after, room));
             (events, set_aside)
         });
-        let mut events = events;
-        // Rows written by a build before epochs are of this database.
-        for event in events.iter_mut().filter(|e| e.epoch.is_none()) {
-            event.epoch = Some(self.core.epoch.to_string());
-        }
+        let events: Vec<Event> = events.into_iter().map(|e| self.with_epoch(e)).collect();
         // Said after the locks are let go: saying it appends.
         for (seq, error) in set_aside {
             warn!(seq, %error, "an outbox row does not parse: set aside, the sinks go on");
@@ -426,6 +438,14 @@ impl Outbox {
             self.append(body, None);
         }
         events
+    }
+
+    /// Rows written by a build before epochs are of this database.
+    fn with_epoch(&self, mut event: Event) -> Event {
+        if event.epoch.is_none() {
+            event.epoch = Some(self.core.epoch.to_string());
+        }
+        event
     }
 
     /// Waits (at most `bound`) until every event numbered so far is stored
@@ -461,9 +481,10 @@ impl Outbox {
         tokio::time::timeout(bound, wait).await.unwrap_or(false)
     }
 
-    /// Watches the newest seq.
+    /// Watches the newest seq handed out: it moves at append, before the
+    /// event is stored (a reader then finds it with [`Outbox::read`]).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.core.newest.subscribe()
+        self.core.numbered.subscribe()
     }
 
     pub fn host(&self) -> &str {
@@ -491,7 +512,11 @@ impl Outbox {
         seq
     }
 
-    /// `sink` acknowledged every event up to `seq` (stored by the writer).
+    /// `sink` acknowledged every event up to `seq`. The sink may be ahead
+    /// of the writer (it sends what is queued): the cursor the writer
+    /// stores never passes the newest stored event, so that after a crash
+    /// the sink resends what it had sent of the stored events, never skips
+    /// one (writer.rs).
     pub fn ack(&self, sink: &str, seq: u64) {
         let mut mem = self.core.mem();
         mem.cursors.insert(sink.to_string(), seq);
@@ -730,6 +755,26 @@ impl Core {
                 .with_label_values(&[reason])
                 .inc_by(lost);
         }
+    }
+}
+
+/// Up to `limit` of the queued events numbered above `after`, oldest first.
+fn queued_after(mem: &Mem, after: u64, limit: usize) -> impl Iterator<Item = Event> + '_ {
+    mem.pending
+        .iter()
+        .filter(move |e| e.seq != UNNUMBERED && e.seq > after)
+        .take(limit)
+        .cloned()
+}
+
+impl Core {
+    /// Tells the readers waiting for more that `seq` was handed out.
+    fn numbered(&self, seq: u64) {
+        self.numbered.send_if_modified(|newest| {
+            let grew = seq > *newest;
+            *newest = (*newest).max(seq);
+            grew
+        });
     }
 }
 

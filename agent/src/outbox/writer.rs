@@ -10,6 +10,7 @@
 //! names the writer once it has been silent too long.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc,
         mpsc::{self, Receiver, RecvTimeoutError, SyncSender},
@@ -129,7 +130,7 @@ impl Core {
     /// that waited for them), write the queued events in one transaction,
     /// apply the budgets, store moved cursors. True when it wrote events
     /// and more may be queued.
-    fn write_round(&self, store: &mut Store) -> bool {
+    pub(super) fn write_round(&self, store: &mut Store) -> bool {
         self.reserve(store);
         let (batch, kept, cursors) = {
             let mut mem = self.mem();
@@ -150,6 +151,14 @@ impl Core {
         if let Some(cursors) = cursors
             && self.mem().persist_error.is_none()
         {
+            // A sink sends what is queued, so it may have acknowledged
+            // events not stored yet: its stored cursor waits for them (the
+            // cursor stays dirty, stored again once they are).
+            let newest_stored = self.mem().newest_stored;
+            let cursors: BTreeMap<String, u64> = cursors
+                .into_iter()
+                .map(|(sink, seq)| (sink, seq.min(newest_stored)))
+                .collect();
             match store.set_cursors(&cursors) {
                 Ok(()) => {
                     let mut mem = self.mem();
@@ -280,6 +289,7 @@ impl Core {
             seq += 1;
         }
         mem.next_seq = seq;
+        self.numbered(seq - 1);
         info!(
             events = waiting,
             "events held unnumbered in memory are numbered"

@@ -4,6 +4,7 @@
 //! cursors) against one real SQLite file each; the corrupt-database tests are
 //! apart (corrupt.rs).
 
+mod ahead;
 mod corrupt;
 mod epochs;
 

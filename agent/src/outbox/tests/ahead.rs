@@ -1,0 +1,125 @@
+//! Sinks ahead of the writer: an event is read and announced at append,
+//! while the writer is still syncing it (a database held here, as a write
+//! in progress holds it); the cursors the writer stores wait for the
+//! events they cover; a crash before the sync loses the event but never
+//! gives its seq to another.
+
+use std::{sync::mpsc, time::Duration};
+
+use super::{open, seqs};
+use crate::{
+    model::event::{EventBody, EventKind},
+    outbox::{Limits, SEQ_BLOCK},
+};
+
+#[test]
+fn a_sink_is_woken_and_reads_the_event_while_the_writer_syncs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, _) = open(dir.path(), Limits::default());
+    outbox.register_sink("webhook");
+    outbox.append(EventBody::new(EventKind::Heartbeat), None);
+    assert!(outbox.maintain());
+    let mut newest = outbox.subscribe();
+    newest.borrow_and_update();
+    // A write in progress: the writer holds the database.
+    let held = outbox.store();
+    let (done, answered) = mpsc::channel();
+    let sink = outbox.clone();
+    std::thread::spawn(move || {
+        let event = sink.append(EventBody::new(EventKind::OomKill), None);
+        let woken = newest.has_changed().unwrap_or(false) && *newest.borrow() == event.seq;
+        done.send((event, woken, sink.read(1, 100))).unwrap();
+    });
+    let (event, woken, read) = answered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the reader did not wait for the write in progress");
+    assert!(woken, "the sinks are told at append");
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert_eq!((read[0].seq, &read[0].id), (event.seq, &event.id));
+    assert_eq!(read[0].body.kind, EventKind::OomKill);
+    assert_eq!(read[0].epoch.as_deref(), Some(outbox.epoch()));
+    assert_eq!(outbox.status().stored, 1, "not stored yet");
+    drop(held);
+    assert!(outbox.maintain());
+    let stored = outbox.read(1, 100);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(
+        serde_json::to_value(&stored[0]).unwrap(),
+        serde_json::to_value(&read[0]).unwrap(),
+        "the stored event is the one sent"
+    );
+}
+
+#[test]
+fn a_cursor_ahead_of_the_writer_is_stored_only_over_stored_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outbox, _) = open(dir.path(), Limits::default());
+    outbox.register_sink("webhook");
+    let mut store = outbox.store();
+    // More than one write round holds (WRITE_BATCH, 1024), all sent and
+    // acknowledged before the writer stored any.
+    let n = 1500;
+    for _ in 0..n {
+        outbox.append(EventBody::new(EventKind::TaskStarted), None);
+    }
+    outbox.ack("webhook", n);
+    assert!(outbox.core.write_round(&mut store), "more to write");
+    let newest = store.newest_stored().unwrap();
+    assert!(newest < n, "one round stored {newest}");
+    assert_eq!(
+        store.cursor("webhook").unwrap(),
+        Some(newest),
+        "the stored cursor stops at the newest stored event"
+    );
+    outbox.core.write_round(&mut store);
+    assert_eq!(store.newest_stored().unwrap(), n);
+    if store.cursor("webhook").unwrap() != Some(n) {
+        // Still dirty: the next round stores it.
+        outbox.core.write_round(&mut store);
+    }
+    assert_eq!(store.cursor("webhook").unwrap(), Some(n));
+    drop(store);
+    assert_eq!(outbox.backlog("webhook"), 0);
+}
+
+#[test]
+fn a_crash_before_the_sync_loses_the_event_sent_but_never_reuses_its_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sent, before) = {
+        let (outbox, _) = open(dir.path(), Limits::default());
+        outbox.register_sink("webhook");
+        outbox.append(EventBody::new(EventKind::Heartbeat), None);
+        assert!(outbox.maintain());
+        let before = outbox.read(0, 10);
+        let held = outbox.store();
+        for _ in 0..5 {
+            outbox.append(EventBody::new(EventKind::OomKill), None);
+        }
+        // What a sink sent while the writer was syncing.
+        let sent = outbox.read(1, 10);
+        assert_eq!(sent.len(), 5);
+        outbox.ack("webhook", sent[4].seq);
+        // The agent dies here: nothing more is written (the writer stays
+        // stuck on the held database, which is never let go).
+        std::mem::forget(held);
+        std::mem::forget(outbox);
+        (sent, before)
+    };
+    let (outbox, _) = open(dir.path(), Limits::default());
+    let cursor = outbox.register_sink("webhook");
+    assert!(cursor <= before[0].seq, "cursor {cursor} passed what was stored");
+    let kept = outbox.read(0, 100);
+    assert_eq!(kept.len(), 1, "the five sent were never stored: {kept:?}");
+    assert_eq!(kept[0].id, before[0].id);
+    let after: Vec<u64> = (0..10)
+        .map(|_| outbox.append(EventBody::new(EventKind::OomKill), None).seq)
+        .collect();
+    let highest_sent = sent.last().unwrap().seq;
+    assert!(
+        after[0] > highest_sent && after[0] <= highest_sent + 2 * SEQ_BLOCK,
+        "the first seq after the crash, {}, is above every seq sent before it, {highest_sent}",
+        after[0]
+    );
+    assert!(outbox.maintain());
+    assert_eq!(seqs(&outbox).len(), 11);
+}
