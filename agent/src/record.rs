@@ -40,13 +40,24 @@ impl Recorder {
     }
 
     /// Records an event that happened at `time` (now when `None`).
-    pub(crate) fn record(&self, mut body: EventBody, time: Option<DateTime<Utc>>) -> Event {
+    pub(crate) fn record(&self, body: EventBody, time: Option<DateTime<Utc>>) -> Event {
+        self.record_read(body, time, None)
+    }
+
+    /// [`Recorder::record`] for an event read off the ring buffer (or
+    /// decided from a sample) at `read`: its delay is followed from there.
+    pub(crate) fn record_read(
+        &self,
+        mut body: EventBody,
+        time: Option<DateTime<Utc>>,
+        read: Option<std::time::Instant>,
+    ) -> Event {
         pod::annotate(&mut body);
         for enricher in self.enrichers.get().into_iter().flatten() {
             enricher.enrich(&mut body);
         }
         self.metrics.count_event(&body);
-        self.outbox.append(body, time)
+        self.outbox.append_read(body, time, read)
     }
 
     pub(crate) fn outbox(&self) -> &Outbox {

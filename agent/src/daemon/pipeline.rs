@@ -105,12 +105,16 @@ impl Pipeline {
                 let (task_id, worker, task_ended) = self.monitor.attribute_oom(cgroup, victim.pid);
                 body.task_id = task_id;
                 body.worker = worker;
-                let event = self.recorder.record(body, Some(victim.time));
-                let timeline = &self.recorder.metrics().timeline;
+                let event =
+                    self.recorder
+                        .record_read(body, Some(victim.time), Some(victim.read_at));
                 let read_wall = chrono::Utc::now()
                     - chrono::Duration::from_std(victim.read_at.elapsed()).unwrap_or_default();
-                timeline.kernel_to_read(EventKind::OomKill, victim.time, read_wall);
-                timeline.read(&event, victim.read_at);
+                self.recorder.metrics().timeline.kernel_to_read(
+                    EventKind::OomKill,
+                    victim.time,
+                    read_wall,
+                );
                 // The task's end comes after the kill that ended it.
                 self.monitor.store(task_ended, tokio::time::Instant::now());
                 info!(

@@ -1,6 +1,8 @@
 //! The outbox: every event is numbered at once and written to the state
 //! directory (SQLite, see store.rs) by a writer thread, many events to one
-//! commit (writer.rs); sinks are woken once it is written. Appending never
+//! commit (writer.rs); sinks are woken at append and send an event while
+//! it is being written, and the cursor stored for each never passes the
+//! newest stored event (docs/delivery.md, "Sent before stored"). Appending never
 //! waits for the disk, nor does [`Outbox::status`]; calls that read or
 //! write the database from async code move off the runtime's workers
 //! first, so a disk that hangs stalls the loops that need it, never the
@@ -326,6 +328,18 @@ impl Outbox {
     /// Never waits for the disk and never fails: when the state directory
     /// cannot be written the event waits in memory (see the module docs).
     pub fn append(&self, body: EventBody, time: Option<DateTime<Utc>>) -> Event {
+        self.append_read(body, time, None)
+    }
+
+    /// [`Outbox::append`] for an event read (or decided) at `read`: its
+    /// delay is followed from there (`memwatch_event_delay_seconds`),
+    /// stamped before any sink is told of it, so none sends it unstamped.
+    pub fn append_read(
+        &self,
+        body: EventBody,
+        time: Option<DateTime<Utc>>,
+        read: Option<std::time::Instant>,
+    ) -> Event {
         let kind = body.kind;
         self.wait_for_room();
         let event = {
@@ -353,6 +367,9 @@ impl Outbox {
             .events
             .with_label_values(&[kind.as_str()])
             .inc();
+        if let Some(read) = read {
+            self.core.metrics.timeline.read(&event, read);
+        }
         self.writer.wake();
         if event.seq != UNNUMBERED {
             self.core.numbered(event.seq);

@@ -3,7 +3,8 @@
 //! there (or from the sample that decided a soft-cap crossing) to stored
 //! and synced in the outbox (`read_to_stored`), and on to each sink's
 //! acknowledgement (`stored_to_sent`, and the agent's whole share,
-//! `read_to_sent`). Kept for OOM kills and soft-cap crossings, the events
+//! `read_to_sent`). A sink sends while the outbox syncs (outbox/mod.rs):
+//! an event acknowledged before it was stored has no `stored_to_sent`. Kept for OOM kills and soft-cap crossings, the events
 //! a scheduler waits for; a bounded table, oldest forgotten first.
 
 use std::{

@@ -463,11 +463,8 @@ impl Monitor {
     pub(crate) fn store(&self, events: impl IntoIterator<Item = EventBody>, decided: Instant) {
         let time = crate::model::time::wall_time(decided);
         for body in events {
-            let event = self.recorder.record(body, Some(time));
             self.recorder
-                .metrics()
-                .timeline
-                .read(&event, decided.into_std());
+                .record_read(body, Some(time), Some(decided.into_std()));
         }
     }
 

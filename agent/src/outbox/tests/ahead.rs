@@ -107,7 +107,10 @@ fn a_crash_before_the_sync_loses_the_event_sent_but_never_reuses_its_seq() {
     };
     let (outbox, _) = open(dir.path(), Limits::default());
     let cursor = outbox.register_sink("webhook");
-    assert!(cursor <= before[0].seq, "cursor {cursor} passed what was stored");
+    assert!(
+        cursor <= before[0].seq,
+        "cursor {cursor} passed what was stored"
+    );
     let kept = outbox.read(0, 100);
     assert_eq!(kept.len(), 1, "the five sent were never stored: {kept:?}");
     assert_eq!(kept[0].id, before[0].id);
