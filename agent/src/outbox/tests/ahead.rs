@@ -126,3 +126,39 @@ fn a_crash_before_the_sync_loses_the_event_sent_but_never_reuses_its_seq() {
     assert!(outbox.maintain());
     assert_eq!(seqs(&outbox).len(), 11);
 }
+
+/// A sink told of an event at append sends it at once, perhaps before the
+/// recorder's thread runs again: the event's delay is stamped before the
+/// sinks are told, so its `read_to_sent` is never lost.
+#[test]
+fn an_event_is_stamped_before_any_sink_is_told() {
+    let metrics = super::metrics();
+    let outbox = crate::outbox::Outbox::new("h", 10, metrics.clone());
+    let mut newest = outbox.subscribe();
+    newest.borrow_and_update();
+    let sink = outbox.clone();
+    let timeline = metrics.timeline.clone();
+    let sender = std::thread::spawn(move || {
+        // Spins until told (10 s at most), then sends what it read at once.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if newest.has_changed().unwrap_or(false) {
+                let batch = sink.read(0, 10);
+                timeline.sent("webhook", &batch);
+                return batch.len();
+            }
+            std::hint::spin_loop();
+        }
+        0
+    });
+    let read = std::time::Instant::now();
+    outbox.append_read(EventBody::new(EventKind::OomKill), None, Some(read));
+    let sent = sender.join().unwrap();
+    assert_eq!(sent, 1);
+    let sent_count = metrics
+        .timeline
+        .seconds
+        .with_label_values(&["oom_kill", "read_to_sent", "webhook"])
+        .get_sample_count();
+    assert_eq!(sent_count, 1, "the event was stamped when it was sent");
+}
