@@ -198,14 +198,19 @@ pub(crate) async fn run_beating<S: Sink>(
     info!(sink = %name, acked_seq = acked, "delivery started");
     let backlog = metrics.sink_backlog.with_label_values(&[name.as_str()]);
     let delivered = metrics.sink_delivered.with_label_values(&[name.as_str()]);
+    backlog.set(outbox.backlog(&name) as i64);
     loop {
         beat();
         if *shutdown.borrow() {
             return;
         }
-        backlog.set(outbox.backlog(&name) as i64);
+        // Read at once (an event queued for the writer is read from
+        // memory); the backlog, which may count in the database, is set
+        // after a batch is acknowledged and before waiting, never between
+        // an event's wake-up and its send.
         let batch = cut_to_bytes(outbox.read(acked, limit), delivery.batch_bytes);
         let Some(last) = batch.last().map(|e| e.seq) else {
+            backlog.set(outbox.backlog(&name) as i64);
             tokio::select! {
                 changed = newest.changed() => if changed.is_err() { return },
                 _ = shutdown.changed() => return,
@@ -236,6 +241,7 @@ pub(crate) async fn run_beating<S: Sink>(
         }
         outbox.ack(&name, last);
         acked = last;
+        backlog.set(outbox.backlog(&name) as i64);
         debug!(sink = %name, first_seq = first, last_seq = last, "batch acknowledged");
     }
 }
@@ -362,6 +368,45 @@ mod tests {
             5
         );
         assert_eq!(outbox.status().sinks["scripted"].acked_seq, 5);
+    }
+
+    /// The backlog gauge is set when delivery starts (a far end down from
+    /// the start still shows what waits), after each acknowledgement and
+    /// before waiting; never between an event's wake-up and its send.
+    #[tokio::test(start_paused = true)]
+    async fn the_backlog_gauge_shows_what_waits_and_empties_with_delivery() {
+        let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+        let outbox = Outbox::new("h", 100, metrics.clone());
+        for _ in 0..5 {
+            outbox.append(EventBody::new(EventKind::OomKill), None);
+        }
+        let delivery = Delivery {
+            batch_size: 2,
+            retry_initial: Duration::from_secs(10),
+            retry_max: Duration::from_secs(10),
+            ..Delivery::default()
+        };
+        let calls: Calls = Arc::default();
+        let sink = ScriptedSink {
+            delivery,
+            failures: [FailureClass::Connect; 2].into(),
+            calls: Arc::clone(&calls),
+        };
+        let gauge = metrics.sink_backlog.with_label_values(&["scripted"]);
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(sink, outbox.clone(), metrics.clone(), stopped));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(calls.lock().unwrap().len(), 1, "the first attempt failed");
+        assert_eq!(gauge.get(), 5, "set at start, while the far end is down");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(outbox.backlog("scripted"), 0);
+        assert_eq!(gauge.get(), 0, "emptied with delivery");
+        outbox.append(EventBody::new(EventKind::OomKill), None);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(gauge.get(), 0, "the new event was sent and acknowledged");
+        assert_eq!(calls.lock().unwrap().last().unwrap().1, [6]);
+        stop.send(true).unwrap();
+        task.await.unwrap();
     }
 }
 
