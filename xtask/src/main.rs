@@ -39,13 +39,8 @@ struct Cli {
 enum Task {
     /// Install nightly rust-src, LLVM 22 and bpf-linker where missing.
     Setup,
-    /// Set up, build and run `memwatch run` on this host (as root): the
-    /// `quick` profile (optimized less, about half the release build's
-    /// time from a fresh clone), or the release build with `--release`.
+    /// Set up, build (release) and run `memwatch run` on this host (as root).
     Run {
-        /// Build and run the release build (what ships) instead.
-        #[arg(long)]
-        release: bool,
         /// Arguments for `memwatch run`, after `--`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -120,23 +115,13 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// The Cargo profile `cargo xtask run` builds (and its directory under
-/// target/): `quick` unless the release build is asked for.
-fn run_profile(release: bool) -> &'static str {
-    if release { "release" } else { "quick" }
-}
-
 fn run(task: Task) -> anyhow::Result<()> {
     match task {
         Task::Setup => setup::ensure(),
-        Task::Run { release, args } => {
+        Task::Run { args } => {
             setup::ensure()?;
-            let profile = run_profile(release);
-            shell::cargo(&["build", "--profile", profile, "--locked", "-p", "memwatch"])?;
-            let bin = shell::workspace_root()
-                .join("target")
-                .join(profile)
-                .join("memwatch");
+            shell::cargo(&["build", "--release", "--locked", "-p", "memwatch"])?;
+            let bin = shell::workspace_root().join("target/release/memwatch");
             let mut run_args = vec!["run".to_string()];
             run_args.extend(args);
             shell::exec(&bin, &run_args)
@@ -219,25 +204,4 @@ pub(crate) fn source_checks() -> anyhow::Result<()> {
     layers::run()?;
     blocking::run()?;
     lengths::run()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `cargo xtask run` builds a profile the workspace defines, the
-    /// release build optimized less, and `--release` the shipped one.
-    #[test]
-    fn run_builds_the_quick_profile_unless_asked_for_the_release_build() {
-        assert_eq!(run_profile(true), "release");
-        let quick = run_profile(false);
-        let manifest = std::fs::read_to_string(shell::workspace_root().join("Cargo.toml")).unwrap();
-        let section = manifest
-            .split(&format!("[profile.{quick}]\n"))
-            .nth(1)
-            .unwrap_or_else(|| panic!("no [profile.{quick}] in Cargo.toml"));
-        let body: Vec<&str> = section.lines().take_while(|l| !l.is_empty()).collect();
-        assert!(body.contains(&"inherits = \"release\""), "{body:?}");
-        assert!(body.contains(&"opt-level = 1"), "{body:?}");
-    }
 }
