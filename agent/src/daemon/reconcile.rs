@@ -265,16 +265,21 @@ impl OomBook {
                 self.suspects.remove(&cgroup);
             } else if kills == accounted {
                 self.suspects.remove(&cgroup);
-            } else if self.suspects.remove(&cgroup).is_some() {
-                self.report(
-                    recorder,
-                    Some(&cgroup),
-                    kills - accounted,
-                    (accounted, kills),
-                );
-                self.accounted.insert(cgroup, kills);
+            } else if let Some(then) = self.suspects.remove(&cgroup)
+                && then > accounted
+            {
+                // Only the kills the kernel had counted at the last check
+                // have had their interval to arrive live; those counted
+                // since (a storm has one in flight at any time) may still.
+                self.report(recorder, Some(&cgroup), then - accounted, (accounted, then));
+                self.accounted.insert(cgroup.clone(), then);
                 self.unsaved = true;
+                if kills > then {
+                    self.suspects.insert(cgroup, kills);
+                }
             } else {
+                // New kills since the last check (or every old one was
+                // seen live meanwhile): they get one interval.
                 self.suspects.insert(cgroup, kills);
             }
         }
@@ -479,6 +484,39 @@ mod tests {
         book.check(&recorder, OomScan::Cgroups(BTreeSet::from([a.clone()])))
             .await;
         assert_eq!(recovered(&recorder).len(), 1);
+
+        // A storm: at every check one more kill is counted whose live
+        // event is still in flight, and the one in flight at the check
+        // before has arrived meanwhile: nothing is missing, nothing is
+        // reported (the count at the last check is what had its interval,
+        // not the count now).
+        for n in 3..8 {
+            control(&a, n);
+            book.check(&recorder, OomScan::Cgroups(BTreeSet::from([a.clone()])))
+                .await;
+            book.live((BTreeMap::from([(a.clone(), 1)]), 1));
+        }
+        assert_eq!(recovered(&recorder).len(), 1, "{:?}", recovered(&recorder));
+        // The last one in flight was seen; two lost then (8 and 9) are
+        // reported, once, and only they, though a tenth came meanwhile.
+        control(&a, 9);
+        book.check(&recorder, OomScan::Cgroups(BTreeSet::from([a.clone()])))
+            .await;
+        control(&a, 10);
+        book.check(&recorder, OomScan::Cgroups(BTreeSet::from([a.clone()])))
+            .await;
+        let found = recovered(&recorder);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[1].1.contains("2 OOM kills"), "{}", found[1].1);
+        assert!(found[1].1.contains("7 -> 9"), "{}", found[1].1);
+        book.live((BTreeMap::from([(a.clone(), 1)]), 1));
+        book.check(&recorder, OomScan::Cgroups(BTreeSet::from([a.clone()])))
+            .await;
+        assert_eq!(recovered(&recorder).len(), 2, "the one in flight arrived");
+        // (A new cgroup under a's name, for what follows.)
+        control(&a, 2);
+        book.check(&recorder, OomScan::Cgroups(BTreeSet::from([a.clone()])))
+            .await;
 
         // A removed cgroup is forgotten; what was accounted is saved.
         fs::remove_file(b.join("memory.oom_control")).unwrap();
