@@ -267,9 +267,9 @@ impl Daemon {
                         }
                         oom.watch_host(self.live_kills.pending());
                     }
-                    self.outbox().maintain();
+                    self.outbox().tick();
                 }
-                _ = expiry.tick() => self.outbox().prune_expired(chrono::Utc::now()),
+                _ = expiry.tick() => self.outbox().expire(chrono::Utc::now()),
                 _ = oom_ticker.tick() => {
                     let live = self.live_kills.take();
                     if let Some(oom) = &mut self.oom {

@@ -195,6 +195,9 @@ struct Mem {
     cursors: BTreeMap<String, u64>,
     /// Cursors moved since they were last stored.
     cursors_dirty: bool,
+    /// An expiry asked for by [`Outbox::expire`], for the writer thread:
+    /// events stored before this (ms since the epoch) are removed.
+    expire_before: Option<i64>,
     /// Changes to the kept tasks not yet written, oldest first: written
     /// with the events of the same round (a registration costs one sync,
     /// shared with its `task_started`). At most [`MAX_KEPT_QUEUED`].
@@ -301,6 +304,7 @@ impl Outbox {
                 persist_error: None,
                 cursors: BTreeMap::new(),
                 cursors_dirty: false,
+                expire_before: None,
                 kept: VecDeque::new(),
             }),
             room: Condvar::new(),
@@ -670,20 +674,33 @@ impl Outbox {
         off_runtime(|| self.core.write_all())
     }
 
-    /// Removes events stored before `now - max_age` (see the policy).
+    /// The main loop's periodic call; never waits for the disk. Without
+    /// a writer thread (it could not start) it writes what is queued here.
+    pub fn tick(&self) {
+        if self.writer.runs() {
+            self.writer.wake();
+        } else {
+            off_runtime(|| self.core.write_all());
+        }
+    }
+
+    /// Removes events stored before `now - max_age` (see the policy) on the
+    /// writer thread, so a state directory that hangs holds up the writer
+    /// and never the caller; without a writer thread, here.
+    pub fn expire(&self, now: DateTime<Utc>) {
+        if self.writer.runs() {
+            self.core.mem().expire_before = Some(self.core.cutoff(now));
+            self.writer.wake();
+        } else {
+            self.prune_expired(now);
+        }
+    }
+
+    /// Removes events stored before `now - max_age` (see the policy) now,
+    /// on the caller's thread.
     pub fn prune_expired(&self, now: DateTime<Utc>) {
-        off_runtime(|| {
-            let mut store = self.core.store();
-            let max_age = chrono::Duration::from_std(self.core.mem().limits.max_age)
-                .unwrap_or(chrono::Duration::MAX);
-            let cutoff = now
-                .checked_sub_signed(max_age)
-                .map_or(i64::MIN, |t| t.timestamp_millis());
-            match store.remove_stored_before(cutoff) {
-                Ok(seqs) => self.core.removed(&store, &seqs, None, "expired"),
-                Err(error) => warn!(%error, "cannot remove expired events"),
-            }
-        })
+        let cutoff = self.core.cutoff(now);
+        off_runtime(|| self.core.remove_before(cutoff));
     }
 
     #[cfg(test)]
@@ -693,6 +710,23 @@ impl Outbox {
 }
 
 impl Core {
+    /// The expiry cutoff at `now`, in ms since the epoch.
+    fn cutoff(&self, now: DateTime<Utc>) -> i64 {
+        let max_age =
+            chrono::Duration::from_std(self.mem().limits.max_age).unwrap_or(chrono::Duration::MAX);
+        now.checked_sub_signed(max_age)
+            .map_or(i64::MIN, |t| t.timestamp_millis())
+    }
+
+    /// Removes the events stored before `cutoff` (ms since the epoch).
+    fn remove_before(&self, cutoff: i64) {
+        let mut store = self.store();
+        match store.remove_stored_before(cutoff) {
+            Ok(seqs) => self.removed(&store, &seqs, None, "expired"),
+            Err(error) => warn!(%error, "cannot remove expired events"),
+        }
+    }
+
     fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -67,6 +67,11 @@ impl Handle {
         }
     }
 
+    /// Whether the writer thread runs (it may have failed to start).
+    pub(super) fn runs(&self) -> bool {
+        self.thread.is_some()
+    }
+
     pub(super) fn wake(&self) {
         if let Some(wake) = &self.wake {
             let _ = wake.try_send(());
@@ -97,6 +102,10 @@ fn run(core: &Core, woken: &Receiver<()>) {
             Err(RecvTimeoutError::Disconnected)
         );
         let written = core.write_all();
+        let expire = core.mem().expire_before.take();
+        if let Some(cutoff) = expire {
+            core.remove_before(cutoff);
+        }
         if last {
             if !written {
                 warn!(

@@ -2,7 +2,8 @@
 //! while the writer is still syncing it (a database held here, as a write
 //! in progress holds it); the cursors the writer stores wait for the
 //! events they cover; a crash before the sync loses the event but never
-//! gives its seq to another.
+//! gives its seq to another; and the main loop's calls (`tick`, `expire`)
+//! never wait for a database a write holds.
 
 use std::{sync::mpsc, time::Duration};
 
@@ -161,4 +162,44 @@ fn an_event_is_stamped_before_any_sink_is_told() {
         .with_label_values(&["oom_kill", "read_to_sent", "webhook"])
         .get_sample_count();
     assert_eq!(sent_count, 1, "the event was stamped when it was sent");
+}
+
+#[test]
+fn the_main_loops_calls_never_wait_for_a_held_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let max_age = Duration::from_secs(3600);
+    let (outbox, _) = open(
+        dir.path(),
+        Limits {
+            max_age,
+            ..Limits::default()
+        },
+    );
+    outbox.append(EventBody::new(EventKind::Heartbeat), None);
+    outbox.append(EventBody::new(EventKind::Heartbeat), None);
+    assert!(outbox.maintain());
+    assert_eq!(seqs(&outbox).len(), 2);
+    // A write that hangs (a frozen state directory) holds the database.
+    let held = outbox.store();
+    let (done, answered) = mpsc::channel();
+    let main_loop = outbox.clone();
+    std::thread::spawn(move || {
+        main_loop.tick();
+        main_loop.expire(chrono::Utc::now() + max_age * 2);
+        done.send(()).unwrap();
+    });
+    answered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("tick or expire waited for the held database");
+    drop(held);
+    // The writer thread removes them once the database is free.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !seqs(&outbox).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the expiry was not done: {:?}",
+            seqs(&outbox)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
