@@ -7,7 +7,7 @@
 
 use std::{sync::mpsc, time::Duration};
 
-use super::{open, seqs};
+use super::{aged, open, seqs};
 use crate::{
     model::event::{EventBody, EventKind},
     outbox::{Limits, SEQ_BLOCK},
@@ -168,13 +168,7 @@ fn an_event_is_stamped_before_any_sink_is_told() {
 fn the_main_loops_calls_never_wait_for_a_held_database() {
     let dir = tempfile::tempdir().unwrap();
     let max_age = Duration::from_secs(3600);
-    let (outbox, _) = open(
-        dir.path(),
-        Limits {
-            max_age,
-            ..Limits::default()
-        },
-    );
+    let (outbox, _) = open(dir.path(), aged(max_age));
     outbox.append(EventBody::new(EventKind::Heartbeat), None);
     outbox.append(EventBody::new(EventKind::Heartbeat), None);
     assert!(outbox.maintain());

@@ -30,6 +30,14 @@ fn limits(max_events: u64) -> Limits {
     }
 }
 
+/// The default limits but events kept for `max_age`.
+fn aged(max_age: Duration) -> Limits {
+    Limits {
+        max_age,
+        ..Limits::default()
+    }
+}
+
 /// Appends, then writes as the writer thread would (at once, so that
 /// what follows sees it stored).
 fn add(outbox: &Outbox, kind: EventKind) -> u64 {
@@ -142,13 +150,7 @@ fn full_outbox_drops_heartbeats_then_normal_events_then_critical_oldest_first() 
 fn expiry_keeps_critical_events_while_a_lower_priority_one_remains() {
     let dir = tempfile::tempdir().unwrap();
     let max_age = Duration::from_secs(3600);
-    let (outbox, metrics) = open(
-        dir.path(),
-        Limits {
-            max_age,
-            ..Limits::default()
-        },
-    );
+    let (outbox, metrics) = open(dir.path(), aged(max_age));
     let oom = add(&outbox, EventKind::OomKill);
     let old_hb = add(&outbox, EventKind::Heartbeat);
     std::thread::sleep(Duration::from_millis(30));
