@@ -61,7 +61,8 @@ pub(crate) fn limit_chain(
     if !cgroup.starts_with(root) || cgroup == root {
         return (Vec::new(), None);
     }
-    let mut chain = level(cgroup, used);
+    let own = Own::read(cgroup);
+    let mut chain = level_of(cgroup, own, used);
     let mut dir = cgroup.parent();
     while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
         let limits = shared.levels.entry(d.to_path_buf()).or_insert_with(|| {
@@ -73,13 +74,7 @@ pub(crate) fn limit_chain(
         chain.extend(limits.iter().cloned());
         dir = d.parent();
     }
-    let own_max = chain
-        .iter()
-        .filter(|l| l.cgroup == cgroup)
-        .map(|l| l.bytes)
-        .min();
-    let high = read_limit(cgroup, "memory.high").filter(|&h| own_max.is_some_and(|m| h < m));
-    (chain, high)
+    (chain, own.high(cgroup))
 }
 
 /// The ancestors' limits read in one round, by cgroup.
@@ -90,31 +85,83 @@ pub(crate) struct ChainShared {
 
 /// A finite limit in `file` of `dir` (none when unreadable or unlimited).
 fn read_limit(dir: &Path, file: &str) -> Option<u64> {
-    let text = fs::read_to_string(dir.join(file)).ok()?;
-    text.trim().parse().ok().filter(|&v| v < UNLIMITED)
+    limit_file(dir, file).ok().flatten()
+}
+
+/// The limit in `file` of `dir`: `Err` when it cannot be read (not this
+/// cgroup version's file), `Ok(None)` when unlimited. One small read, no
+/// size query before it (see [`super::memory::read_u64`]).
+fn limit_file(dir: &Path, file: &str) -> std::io::Result<Option<u64>> {
+    match super::memory::read_u64(&dir.join(file)) {
+        Ok(v) => Ok(Some(v).filter(|&v| v < UNLIMITED)),
+        // v2's "max", or anything else that is not a number: no limit.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `dir`'s own finite limits, in [`level`]'s order: its memory limit (v1
+/// `memory.limit_in_bytes`, else v2 `memory.max`), and v1's memory plus
+/// swap limit; and whether it is a v2 cgroup. A v1 cgroup costs no failed
+/// open of a v2 file, nor the reverse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Own {
+    memory: Option<u64>,
+    memsw: Option<u64>,
+    v2: bool,
+}
+
+impl Own {
+    fn read(dir: &Path) -> Own {
+        match limit_file(dir, "memory.limit_in_bytes") {
+            Ok(memory) => Own {
+                memory,
+                memsw: read_limit(dir, "memory.memsw.limit_in_bytes"),
+                v2: false,
+            },
+            Err(_) => Own {
+                memory: read_limit(dir, "memory.max"),
+                memsw: None,
+                v2: true,
+            },
+        }
+    }
+
+    fn bytes(self) -> impl Iterator<Item = u64> {
+        self.memory.into_iter().chain(self.memsw)
+    }
+
+    /// The cgroup's `memory.high` when below its limit (v2 only: a v1
+    /// cgroup has none, and costs no failed open for it).
+    fn high(self, dir: &Path) -> Option<u64> {
+        let max = self.bytes().min()?;
+        self.v2
+            .then(|| read_limit(dir, "memory.high"))
+            .flatten()
+            .filter(|&h| h < max)
+    }
 }
 
 /// `dir`'s own finite limits, `used` (its unreclaimable memory) against
 /// each.
 fn level(dir: &Path, used: u64) -> Vec<ChainLimit> {
-    let mut limits = Vec::new();
-    for limit in [
-        read_limit(dir, "memory.limit_in_bytes"),
-        read_limit(dir, "memory.max"),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        limits.push(ChainLimit {
+    level_of(dir, Own::read(dir), used)
+}
+
+/// [`level`] from `dir`'s limit files read already.
+fn level_of(dir: &Path, own: Own, used: u64) -> Vec<ChainLimit> {
+    let mut limits: Vec<ChainLimit> = own
+        .memory
+        .map(|bytes| ChainLimit {
             cgroup: dir.to_path_buf(),
-            bytes: limit,
+            bytes,
             used,
-        });
-    }
-    if let (Some(limit), Some(memsw)) = (
-        read_limit(dir, "memory.memsw.limit_in_bytes"),
-        read_limit(dir, "memory.memsw.usage_in_bytes"),
-    ) {
+        })
+        .into_iter()
+        .collect();
+    if let Some(limit) = own.memsw
+        && let Some(memsw) = read_limit(dir, "memory.memsw.usage_in_bytes")
+    {
         // Swap counts against it too: memsw usage less the clean cache, as
         // in `used`.
         let usage = read_limit(dir, "memory.usage_in_bytes").unwrap_or(0);
@@ -126,6 +173,44 @@ fn level(dir: &Path, used: u64) -> Vec<ChainLimit> {
         });
     }
     limits
+}
+
+/// Whether the limits of `kept` (a [`limit_chain`] of `cgroup` read
+/// before) and its `memory.high` still stand: only the limit files are
+/// read, not the cgroup's memory (no `memory.stat`), and an ancestor's once
+/// per `shared`. A cgroup whose memory did not move (the kernel says so)
+/// and whose limits stand has the figures it had.
+pub(crate) fn limits_stand(
+    cgroup: &Path,
+    kept: &[ChainLimit],
+    kept_high: Option<u64>,
+    root: &Path,
+    shared: &mut LimitsShared,
+) -> bool {
+    let mut now: Vec<(&Path, u64)> = Vec::with_capacity(kept.len());
+    let own = Own::read(cgroup);
+    now.extend(own.bytes().map(|bytes| (cgroup, bytes)));
+    let mut dir = cgroup.parent();
+    while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
+        let above = *shared
+            .levels
+            .entry(d.to_path_buf())
+            .or_insert_with(|| Own::read(d));
+        now.extend(above.bytes().map(|bytes| (d, bytes)));
+        dir = d.parent();
+    }
+    own.high(cgroup) == kept_high
+        && now.len() == kept.len()
+        && now
+            .iter()
+            .zip(kept)
+            .all(|((d, bytes), k)| *d == k.cgroup && *bytes == k.bytes)
+}
+
+/// The ancestors' limit files read in one round, by cgroup.
+#[derive(Debug, Default)]
+pub(crate) struct LimitsShared {
+    levels: std::collections::HashMap<PathBuf, Own>,
 }
 
 /// The cgroup has a finite limit and its peak usage reached it.
@@ -277,6 +362,91 @@ mod tests {
         assert_eq!(second.last().map(|l| l.used), Some(300 * MIB));
         let next_round = of("w/t2", &mut ChainShared::default());
         assert_eq!(next_round.last().map(|l| l.used), Some(400 * MIB));
+    }
+
+    /// A chain read before stands while no limit file above the cgroup
+    /// changed, whatever its memory did; a limit written on it, on an
+    /// ancestor (seen in the next round: an ancestor is read once per
+    /// round), or a v2 `memory.high` set, and it does not. Its memory is
+    /// not read for it.
+    #[test]
+    fn limits_stand_until_a_limit_file_above_changes() {
+        let root = tempfile::tempdir().unwrap();
+        let worker = cgroup(
+            root.path(),
+            "w",
+            &[
+                ("memory.limit_in_bytes", 512 * MIB),
+                ("memory.usage_in_bytes", 300 * MIB),
+                ("memory.memsw.limit_in_bytes", 1024 * MIB),
+                ("memory.memsw.usage_in_bytes", 300 * MIB),
+            ],
+        );
+        fs::write(worker.join("memory.stat"), "").unwrap();
+        let task = cgroup(
+            root.path(),
+            "w/t",
+            &[
+                ("memory.limit_in_bytes", NO_LIMIT),
+                ("memory.usage_in_bytes", MIB),
+            ],
+        );
+        fs::write(task.join("memory.stat"), "").unwrap();
+        let (kept, high) = chain_of(&task, root.path());
+        assert_eq!(
+            kept.len(),
+            2,
+            "the worker's memory and memsw limits: {kept:?}"
+        );
+        let stands =
+            |shared: &mut LimitsShared| limits_stand(&task, &kept, high, root.path(), shared);
+        assert!(stands(&mut LimitsShared::default()));
+        // Its memory is not looked at: unreadable, the limits still stand.
+        fs::remove_file(task.join("memory.stat")).unwrap();
+        fs::write(task.join("memory.usage_in_bytes"), "100000000\n").unwrap();
+        assert!(stands(&mut LimitsShared::default()));
+
+        let mut shared = LimitsShared::default();
+        assert!(stands(&mut shared));
+        fs::write(
+            worker.join("memory.limit_in_bytes"),
+            (256 * MIB).to_string(),
+        )
+        .unwrap();
+        assert!(stands(&mut shared), "an ancestor is read once per round");
+        assert!(
+            !stands(&mut LimitsShared::default()),
+            "the worker's limit changed"
+        );
+        fs::write(
+            worker.join("memory.limit_in_bytes"),
+            (512 * MIB).to_string(),
+        )
+        .unwrap();
+        fs::write(task.join("memory.limit_in_bytes"), (64 * MIB).to_string()).unwrap();
+        assert!(
+            !stands(&mut LimitsShared::default()),
+            "its own limit was set"
+        );
+        fs::write(task.join("memory.limit_in_bytes"), NO_LIMIT.to_string()).unwrap();
+        assert!(stands(&mut LimitsShared::default()));
+
+        // v2: memory.max and memory.high.
+        let dir = root.path().join("v2");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("memory.max"), "268435456\n").unwrap();
+        fs::write(dir.join("memory.current"), "104857600\n").unwrap();
+        fs::write(dir.join("memory.high"), "max\n").unwrap();
+        fs::write(dir.join("memory.stat"), "anon 104857600\n").unwrap();
+        let (kept, high) = chain_of(&dir, root.path());
+        assert_eq!(high, None);
+        let stands = || limits_stand(&dir, &kept, high, root.path(), &mut LimitsShared::default());
+        assert!(stands());
+        fs::write(dir.join("memory.high"), "241172480\n").unwrap();
+        assert!(!stands(), "memory.high set below memory.max");
+        fs::write(dir.join("memory.high"), "max\n").unwrap();
+        fs::write(dir.join("memory.max"), "max\n").unwrap();
+        assert!(!stands(), "memory.max lifted");
     }
 
     #[test]

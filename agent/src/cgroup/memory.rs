@@ -5,34 +5,41 @@ use std::{fs, io, path::Path};
 /// Usage minus inactive file cache: what kubelet calls the working set. The
 /// page cache the kernel can drop at once is not memory a worker "holds".
 pub fn working_set(cgroup: &Path) -> io::Result<u64> {
-    let (usage_file, inactive_key) = if cgroup.join("memory.current").exists() {
-        ("memory.current", "inactive_file")
+    let (usage, v2) = versioned_usage(cgroup)?;
+    let stat = read_stat(cgroup)?;
+    let inactive_key = if v2 {
+        "inactive_file"
     } else {
-        ("memory.usage_in_bytes", "total_inactive_file")
+        "total_inactive_file"
     };
-    let usage = read_u64(&cgroup.join(usage_file))?;
-    let stat = fs::read_to_string(cgroup.join("memory.stat"))?;
     let inactive = stat_value(&stat, inactive_key).unwrap_or(0);
     Ok(usage.saturating_sub(inactive))
 }
 
 /// The cgroup's usage (`memory.current`, v1 `memory.usage_in_bytes`): one
-/// small read, file cache included. The file that answered last is tried
-/// first (one open a call, not a failed one before it, on either version).
+/// small read, file cache included.
 pub(crate) fn usage(cgroup: &Path) -> io::Result<u64> {
+    versioned_usage(cgroup).map(|(usage, _)| usage)
+}
+
+/// The cgroup's usage, and whether it is a v2 cgroup (`memory.current`
+/// answered). The file that answered last is tried first: one open a call
+/// on either version, not a failed one or a `stat` before it (at thousands
+/// of task cgroups a tick, that was a twentieth of the agent's idle CPU).
+fn versioned_usage(cgroup: &Path) -> io::Result<(u64, bool)> {
     use std::sync::atomic::{AtomicBool, Ordering};
     static V1_FIRST: AtomicBool = AtomicBool::new(false);
-    let files = ["memory.current", "memory.usage_in_bytes"];
+    const FILES: [&str; 2] = ["memory.current", "memory.usage_in_bytes"];
     let first = usize::from(V1_FIRST.load(Ordering::Relaxed));
-    match read_u64(&cgroup.join(files[first])) {
+    match read_u64(&cgroup.join(FILES[first])) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let read = read_u64(&cgroup.join(files[1 - first]));
+            let read = read_u64(&cgroup.join(FILES[1 - first]));
             if read.is_ok() {
                 V1_FIRST.store(first == 0, Ordering::Relaxed);
             }
-            read
+            read.map(|usage| (usage, first == 1))
         }
-        read => read,
+        read => read.map(|usage| (usage, first == 0)),
     }
 }
 
@@ -42,13 +49,8 @@ pub(crate) fn usage(cgroup: &Path) -> io::Result<u64> {
 /// kernel drops first never brings a kill nearer. See docs/design.md,
 /// "Predicting the kill".
 pub(crate) fn unreclaimable(cgroup: &Path) -> io::Result<u64> {
-    let v2 = cgroup.join("memory.current").exists();
-    let usage = read_u64(&cgroup.join(if v2 {
-        "memory.current"
-    } else {
-        "memory.usage_in_bytes"
-    }))?;
-    let stat = fs::read_to_string(cgroup.join("memory.stat"))?;
+    let (usage, v2) = versioned_usage(cgroup)?;
+    let stat = read_stat(cgroup)?;
     Ok(unreclaimable_of(usage, &stat, v2))
 }
 
@@ -84,7 +86,18 @@ pub(crate) fn stat_value(stat: &str, key: &str) -> Option<u64> {
     })
 }
 
-fn read_u64(path: &Path) -> io::Result<u64> {
+/// The cgroup's `memory.stat`: without the size query (an `fstat` and an
+/// `lseek`) that `fs::read_to_string` makes first, which a kernel file
+/// cannot answer anyway (it says 0 or 4096). At most 1 MiB.
+fn read_stat(cgroup: &Path) -> io::Result<String> {
+    use std::io::Read as _;
+    let file = fs::File::open(cgroup.join("memory.stat"))?;
+    let mut text = String::with_capacity(4096);
+    file.take(1 << 20).read_to_string(&mut text)?;
+    Ok(text)
+}
+
+pub(crate) fn read_u64(path: &Path) -> io::Result<u64> {
     // A number of at most 20 digits: read into a small buffer, without the
     // size query (an fstat) of `fs::read_to_string`.
     use std::io::Read as _;

@@ -63,6 +63,20 @@ pub(crate) trait MemoryReader: Send + Sync {
             .map(|c| self.predict_figures(c, root))
             .collect()
     }
+    /// Whether the limits (and `memory.high`) of `kept`, a cgroup's
+    /// [`PredictFigures`] read before, still stand: only the limit files
+    /// are read, an ancestor's once per `shared`. `false` (the default):
+    /// read it in full.
+    fn limits_stand(
+        &self,
+        cgroup: &Path,
+        kept: &PredictFigures,
+        root: &Path,
+        shared: &mut limits::LimitsShared,
+    ) -> bool {
+        let _ = (cgroup, kept, root, shared);
+        false
+    }
 }
 
 /// What [`MemoryReader::predict_figures`] reads of one cgroup.
@@ -153,6 +167,16 @@ impl MemoryReader for SystemReader {
 
     fn cgroup_usage(&self, cgroup: &Path) -> Option<u64> {
         memory::usage(cgroup).ok()
+    }
+
+    fn limits_stand(
+        &self,
+        cgroup: &Path,
+        kept: &PredictFigures,
+        root: &Path,
+        shared: &mut limits::LimitsShared,
+    ) -> bool {
+        limits::limits_stand(cgroup, &kept.limits, kept.high, root, shared)
     }
 
     /// The host's memory is read once, and each ancestor's limits once, for
@@ -470,93 +494,4 @@ mod tests {
 
 /// A reader with set figures, for tests of everything above the sampler.
 #[cfg(test)]
-pub(crate) mod fake {
-    use std::sync::Mutex;
-
-    use super::*;
-
-    #[derive(Default)]
-    pub(crate) struct FakeReader {
-        pub memory: Mutex<HashMap<MemorySource, u64>>,
-        pub caps: Mutex<HashMap<std::path::PathBuf, u64>>,
-        pub host_pressure: Mutex<Option<Pressure>>,
-        /// PSI and memory.events by cgroup: parsed from fixture text, as
-        /// the real files would be.
-        pub pressure: Mutex<HashMap<std::path::PathBuf, Pressure>>,
-        pub events: Mutex<HashMap<std::path::PathBuf, MemoryEvents>>,
-        /// Every source read, in order.
-        pub reads: Mutex<Vec<MemorySource>>,
-        /// The predictor's figures by cgroup, and every cgroup they were
-        /// read of, in order.
-        pub predict: Mutex<HashMap<std::path::PathBuf, PredictFigures>>,
-        pub predict_reads: Mutex<Vec<std::path::PathBuf>>,
-        /// Every cgroup whose usage alone was read, in order.
-        pub usage_reads: Mutex<Vec<std::path::PathBuf>>,
-    }
-
-    impl FakeReader {
-        pub(crate) fn set(&self, source: MemorySource, bytes: u64) {
-            self.memory.lock().unwrap().insert(source, bytes);
-        }
-
-        /// A cgroup's `memory.pressure`, as its text.
-        pub(crate) fn set_pressure(&self, cgroup: &Path, text: &str) {
-            let parsed = pressure::parse(text).pressure.expect("a PSI fixture");
-            self.pressure
-                .lock()
-                .unwrap()
-                .insert(cgroup.to_path_buf(), parsed);
-        }
-
-        /// A cgroup's `memory.events`, as its text.
-        pub(crate) fn set_events(&self, cgroup: &Path, text: &str) {
-            self.events
-                .lock()
-                .unwrap()
-                .insert(cgroup.to_path_buf(), pressure::parse_memory_events(text));
-        }
-    }
-
-    impl MemoryReader for FakeReader {
-        fn read(&self, source: &MemorySource) -> io::Result<u64> {
-            self.reads.lock().unwrap().push(source.clone());
-            self.memory
-                .lock()
-                .unwrap()
-                .get(source)
-                .copied()
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not set"))
-        }
-
-        fn cgroup_soft_cap(&self, cgroup: &Path) -> Option<u64> {
-            self.caps.lock().unwrap().get(cgroup).copied()
-        }
-
-        fn predict_figures(&self, cgroup: &Path, _root: &Path) -> Option<PredictFigures> {
-            self.predict_reads
-                .lock()
-                .unwrap()
-                .push(cgroup.to_path_buf());
-            self.predict.lock().unwrap().get(cgroup).cloned()
-        }
-
-        /// The figures' unreclaimable bytes stand for the usage (no cache).
-        fn cgroup_usage(&self, cgroup: &Path) -> Option<u64> {
-            self.usage_reads.lock().unwrap().push(cgroup.to_path_buf());
-            let figures = self.predict.lock().unwrap();
-            figures.get(cgroup).map(|f| f.unreclaimable)
-        }
-
-        fn host_pressure(&self) -> Option<Pressure> {
-            *self.host_pressure.lock().unwrap()
-        }
-
-        fn cgroup_pressure(&self, cgroup: &Path) -> Option<Pressure> {
-            self.pressure.lock().unwrap().get(cgroup).copied()
-        }
-
-        fn memory_events(&self, cgroup: &Path) -> Option<MemoryEvents> {
-            self.events.lock().unwrap().get(cgroup).cloned()
-        }
-    }
-}
+pub(crate) mod fake;

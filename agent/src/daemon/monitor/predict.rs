@@ -8,7 +8,10 @@
 //! pinned usage), and every [`REREAD_EVERY`] ticks; in between the last
 //! figures stand. A worker's thousands of idle task cgroups so cost what
 //! the sampler's own reads cost, not a `memory.stat` and a walk up the
-//! hierarchy each a second.
+//! hierarchy each a second. With the probe a far cgroup costs nothing
+//! between reads: the kernel says when it moved, and every
+//! [`REREAD_FOLLOWED`] ticks its limit files alone are read (its
+//! `memory.stat` only when one of them changed).
 
 use std::{
     collections::HashSet,
@@ -21,6 +24,7 @@ use tokio::time::Instant;
 
 use super::Monitor;
 use crate::{
+    cgroup::limits::LimitsShared,
     daemon::sampler::PredictFigures,
     watchdog::{
         imminent::Reading,
@@ -33,7 +37,9 @@ use crate::{
 pub(crate) const FAST_INTERVAL: Duration = Duration::from_millis(100);
 /// A far cgroup whose usage stays put is read in full this often (ticks).
 pub(crate) const REREAD_EVERY: u64 = 10;
-/// The same, for a cgroup the kernel follows: it says when one moved.
+/// The same, for a cgroup the kernel follows: it says when one moved, and
+/// this often its limit files are read (a limit written meanwhile), and
+/// the rest only when one changed.
 pub(crate) const REREAD_FOLLOWED: u64 = 60;
 
 /// Why the predictor read a cgroup in full (`memwatch_predict_reads_total`).
@@ -135,23 +141,37 @@ impl Monitor {
     /// Each target's figures, read in full or kept from the last read.
     ///
     /// Read: a cgroup new here or within a tenth of a limit; one the kernel
-    /// said moved since its last read; far ones every [`REREAD_FOLLOWED`]
-    /// ticks and near ones every tick. Where the kernel does not follow a
+    /// said moved since its last read; near ones every tick; far ones when
+    /// a limit file of theirs or an ancestor's changed, looked at every
+    /// [`REREAD_FOLLOWED`] ticks (only the limit files are read for that). Where the kernel does not follow a
     /// cgroup (no probe), a fast tick reads all (all are near a limit), and
     /// a full tick a far one whose usage moved or that was last read
     /// [`REREAD_EVERY`] ticks ago.
     fn figures(&self, targets: &[&Path], all: bool) -> Vec<Option<PredictFigures>> {
         let round = self.rounds.load(Ordering::Relaxed);
+        let root = self.cgroup_root();
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let fresh = |c: &Path| -> Result<PredictFigures, ReadWhy> {
+        let mut shared = LimitsShared::default();
+        // Far cgroups whose limits were found standing: checked again
+        // [`REREAD_FOLLOWED`] ticks from now.
+        let mut stood = Vec::new();
+        let mut fresh = |c: &Path| -> Result<PredictFigures, ReadWhy> {
             let k = kept.get(c).ok_or(ReadWhy::New)?;
             let age = round.saturating_sub(k.round);
             match self.kernel.moved_since(c, k.at) {
                 Some(true) => Err(ReadWhy::Kernel),
                 Some(false) if k.pinned() => Err(ReadWhy::NearLimit),
-                Some(false) if all && age >= if k.far { REREAD_FOLLOWED } else { 1 } => {
-                    Err(ReadWhy::Reread)
+                // Far and still (the kernel would have said): only a limit
+                // written meanwhile can change its figures.
+                Some(false) if all && k.far && age >= REREAD_FOLLOWED => {
+                    if self.reader.limits_stand(c, &k.figures, &root, &mut shared) {
+                        stood.push(c.to_path_buf());
+                        Ok(k.figures.clone())
+                    } else {
+                        Err(ReadWhy::Reread)
+                    }
                 }
+                Some(false) if all && !k.far && age >= 1 => Err(ReadWhy::Reread),
                 Some(false) => Ok(k.figures.clone()),
                 None if !all || !k.far => Err(ReadWhy::Poll),
                 None if age >= REREAD_EVERY => Err(ReadWhy::Reread),
@@ -167,6 +187,11 @@ impl Monitor {
         };
         let mut figures: Vec<Result<Option<PredictFigures>, ReadWhy>> =
             targets.iter().map(|c| fresh(c).map(Some)).collect();
+        for c in stood {
+            if let Some(k) = kept.get_mut(&c) {
+                k.round = round;
+            }
+        }
         let metrics = self.recorder.metrics();
         let stale: Vec<&Path> = targets
             .iter()
@@ -180,10 +205,7 @@ impl Monitor {
                 c
             })
             .collect();
-        let mut read = self
-            .reader
-            .predict_figures_all(&stale, &self.cgroup_root())
-            .into_iter();
+        let mut read = self.reader.predict_figures_all(&stale, &root).into_iter();
         for (c, f) in targets.iter().zip(figures.iter_mut()) {
             if f.is_ok() {
                 continue;

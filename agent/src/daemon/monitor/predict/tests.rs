@@ -243,10 +243,11 @@ fn reads_why(metrics: &Metrics, why: ReadWhy) -> u64 {
         .get()
 }
 
-/// With the probe, 50 idle far cgroups cost no read at all between
-/// their full reads (first tick, then every REREAD_FOLLOWED): the
-/// kernel follows each with a drop-sized sample, and one it says moved
-/// is read at the next tick, alone.
+/// With the probe, 50 idle far cgroups cost no read at all after their
+/// first: the kernel follows each with a drop-sized sample, and one it
+/// says moved is read at the next tick, alone. Every REREAD_FOLLOWED
+/// ticks their limit files alone are read, and a cgroup whose limit was
+/// written meanwhile is read in full.
 #[tokio::test(start_paused = true)]
 async fn with_the_kernel_following_idle_far_cgroups_cost_no_reads() {
     let root = tempfile::tempdir().unwrap();
@@ -285,9 +286,12 @@ async fn with_the_kernel_following_idle_far_cgroups_cost_no_reads() {
         tokio::time::advance(Duration::from_secs(1)).await;
     }
     let reads = std::mem::take(&mut *reader.predict_reads.lock().unwrap());
+    let limit_reads = std::mem::take(&mut *reader.limit_reads.lock().unwrap());
     for cgroup in &cgroups {
         let n = reads.iter().filter(|c| *c == cgroup).count();
-        assert_eq!(n, 2, "{} read {n} times in {ticks} ticks", cgroup.display());
+        assert_eq!(n, 1, "{} read {n} times in {ticks} ticks", cgroup.display());
+        let n = limit_reads.iter().filter(|c| *c == cgroup).count();
+        assert_eq!(n, 1, "{}: its limits read {n} times", cgroup.display());
         let held = map.0.lock().unwrap().get(&ino(cgroup)).copied();
         let held = held.expect("the kernel follows it");
         assert_eq!(held.sample_bytes, Some(MIB), "a drop's size, 1 MiB");
@@ -298,7 +302,29 @@ async fn with_the_kernel_following_idle_far_cgroups_cost_no_reads() {
         "no usage read while the kernel follows them"
     );
     assert_eq!(reads_why(&metrics, ReadWhy::New), 50);
-    assert_eq!(reads_why(&metrics, ReadWhy::Reread), 50);
+    assert_eq!(reads_why(&metrics, ReadWhy::Reread), 0);
+
+    // A limit written on t5: read in full at the next look at the limits,
+    // and only it; the others' limits are read again then.
+    reader
+        .predict
+        .lock()
+        .unwrap()
+        .get_mut(&cgroups[5])
+        .unwrap()
+        .limits[0]
+        .bytes = LIMIT / 2;
+    for _ in 0..REREAD_FOLLOWED {
+        m.tick();
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    let reads = std::mem::take(&mut *reader.predict_reads.lock().unwrap());
+    assert_eq!(reads, vec![cgroups[5].clone()]);
+    assert_eq!(reads_why(&metrics, ReadWhy::Reread), 1);
+    assert_eq!(
+        std::mem::take(&mut *reader.limit_reads.lock().unwrap()).len(),
+        50
+    );
 
     // The kernel says t7 moved: read at the next tick, and only it.
     let t7 = &cgroups[7];
