@@ -37,6 +37,19 @@ struct Held {
     lost_at: Option<Instant>,
     /// The last generation handed out (see [`Watch::generation`]).
     generation: u64,
+    /// By id of a watched cgroup: the kernel's last cap crossing that no
+    /// read has judged yet (almost always empty).
+    crossings: HashMap<u64, KernelCrossing>,
+}
+
+/// A cap crossing the kernel reported: its usage then (page cache
+/// included), when it came, and when the kernel said the cgroup went back
+/// below (re-armed) before any read judged it.
+#[derive(Clone, Copy, Debug)]
+struct KernelCrossing {
+    usage: u64,
+    at: Instant,
+    closed: bool,
 }
 
 #[derive(Default)]
@@ -182,14 +195,24 @@ impl KernelCaps {
     /// cgroup; a cap crossing (up or down) wakes the sampling loop, so the
     /// checks run within milliseconds instead of at the next tick.
     pub(crate) fn line(&self, line: &GrowthLine) {
-        if let Some(watched) = self.held().watched.get_mut(&line.memcg_id) {
+        let mut held = self.held();
+        let held = &mut *held;
+        if let Some(watched) = held.watched.get_mut(&line.memcg_id) {
             let above = match (line.line, line.cap_bytes) {
                 (Line::Sample, _) => {
                     watched.sampled_at = Some(Instant::now());
                     return;
                 }
-                (Line::AboveCap, _) => true,
-                (Line::BelowCap, _) => false,
+                (Line::AboveCap, _) => {
+                    above_line(&mut held.crossings, line.memcg_id, line.usage_bytes);
+                    true
+                }
+                (Line::BelowCap, _) => {
+                    if let Some(c) = held.crossings.get_mut(&line.memcg_id) {
+                        c.closed = true;
+                    }
+                    false
+                }
                 (Line::Step, Some(cap)) => line.usage_bytes > cap,
                 (Line::Step, None) => false,
             };
@@ -198,6 +221,59 @@ impl KernelCaps {
         if matches!(line.line, Line::AboveCap | Line::BelowCap) {
             self.sample_now.notify_one();
         }
+    }
+
+    /// The tasks of `keys` were read, the reads starting at `read_at`: a
+    /// crossing of theirs the kernel reported before that and still holds
+    /// (no below-cap line since) was judged by the read, which saw the
+    /// memory over the cap, or page cache that the sampler does not count.
+    pub(crate) fn judged<'a>(&self, keys: impl IntoIterator<Item = &'a str>, read_at: Instant) {
+        let mut held = self.held();
+        if held.crossings.is_empty() {
+            return;
+        }
+        for key in keys {
+            let Some(&id) = held.ids.get(key) else {
+                continue;
+            };
+            if held
+                .crossings
+                .get(&id)
+                .is_some_and(|c| c.at <= read_at && !c.closed)
+            {
+                held.crossings.remove(&id);
+            }
+        }
+    }
+
+    /// The crossings no read judged and the kernel has closed (the cgroup
+    /// went back below its cap first), by key, with the kernel's usage at
+    /// each: taken, each is said once.
+    pub(crate) fn take_unjudged(&self) -> HashMap<String, u64> {
+        let mut held = self.held();
+        if !held.crossings.values().any(|c| c.closed) {
+            return HashMap::new();
+        }
+        let held = &mut *held;
+        let closed: HashMap<u64, u64> = held
+            .crossings
+            .iter()
+            .filter(|(_, c)| c.closed)
+            .map(|(&id, c)| (id, c.usage))
+            .collect();
+        held.crossings.retain(|_, c| !c.closed);
+        held.ids
+            .iter()
+            .filter_map(|(key, id)| closed.get(id).map(|&usage| (key.clone(), usage)))
+            .collect()
+    }
+
+    /// `key`'s crossing that no read judged, open or closed, taken: its
+    /// task ends, and this was the last chance to say it.
+    pub(crate) fn take_crossing(&self, key: &str) -> Option<u64> {
+        let mut held = self.held();
+        let id = *held.ids.get(key)?;
+        held.crossings.remove(&id).map(|c| c.usage)
     }
 
     /// Records were lost to a full ring buffer (the probe's counter grew):
@@ -241,6 +317,19 @@ impl KernelCaps {
     }
 }
 
+/// An above-cap line of `id` at `usage`: a crossing to judge. One the
+/// kernel closed that no read judged yet stays, with the larger usage.
+fn above_line(crossings: &mut HashMap<u64, KernelCrossing>, id: u64, usage: u64) {
+    let now = Instant::now();
+    let crossing = crossings.entry(id).or_insert(KernelCrossing {
+        usage,
+        at: now,
+        closed: false,
+    });
+    crossing.usage = crossing.usage.max(usage);
+    crossing.closed = false;
+}
+
 impl Held {
     /// One key less watches `id`'s cap: the last one takes the cap back.
     fn unwatch(&mut self, id: u64, watch: &dyn KernelWatch) {
@@ -254,6 +343,7 @@ impl Held {
             watched.watch.generation = self.generation;
             watched.last = None;
             watched.pushed_at = None;
+            self.crossings.remove(&id);
         }
         self.forget_if_unwatched(id, watch);
     }

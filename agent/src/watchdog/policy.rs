@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{
     imminent::{Predictions, Reading},
-    task::{TaskState, TaskView},
+    task::{Crossing, TaskState, TaskView},
     worker::{Cause, Transition, WorkerState, WorkerView, bytes},
 };
 use crate::model::{
@@ -41,6 +41,9 @@ pub(crate) struct Sample {
     pub memory_events: HashMap<String, MemoryEvents>,
     /// Cgroups' unreclaimable memory and limits, for the kill predictor.
     pub readings: Vec<Reading>,
+    /// Tasks' soft-cap crossings the kernel reported and no read judged
+    /// (the memory was gone before one): the kernel's usage at each.
+    pub kernel_crossings: HashMap<String, u64>,
 }
 
 /// The answer to a task registration.
@@ -365,29 +368,34 @@ impl Watchdog {
         Ok((view, vec![body]))
     }
 
+    /// `soft_cap_exceeded` for a crossing of `task_id`'s cap the kernel
+    /// reported at `usage` and no read judged (see
+    /// [`TaskState::kernel_crossing`]); nothing when the task is over its
+    /// cap already or unknown.
+    pub(crate) fn kernel_crossing(&mut self, task_id: &str, usage: u64) -> Option<EventBody> {
+        let task = self.tasks.get_mut(task_id)?;
+        let crossing = task.kernel_crossing(usage)?;
+        Some(cap_exceeded(
+            task,
+            &crossing,
+            Some(
+                "the kernel's count at the crossing, page cache included: the memory was gone before a read",
+            ),
+        ))
+    }
+
     /// A periodic sample: soft-cap crossings, stuck-high workers, recovery.
     pub(crate) fn observe(&mut self, sample: &Sample, now: Instant) -> Vec<EventBody> {
         let mut events = Vec::new();
+        for (task_id, &usage) in &sample.kernel_crossings {
+            events.extend(self.kernel_crossing(task_id, usage));
+        }
         for task in self.tasks.values_mut() {
             let Some(&memory) = sample.tasks.get(&task.id) else {
                 continue;
             };
             if let Some(crossing) = task.observe(memory, now, &self.settings) {
-                let mut body = task_body(
-                    EventKind::SoftCapExceeded,
-                    &task.id,
-                    &task.worker,
-                    task.source.as_ref(),
-                );
-                body.rss_bytes = Some(crossing.memory);
-                body.soft_cap_bytes = Some(crossing.cap);
-                body.growth_bytes_per_sec = Some(crossing.growth_rate);
-                body.reason = Some(format!(
-                    "task memory {} over its soft cap {}",
-                    bytes(crossing.memory),
-                    bytes(crossing.cap)
-                ));
-                events.push(body);
+                events.push(cap_exceeded(task, &crossing, None));
             }
         }
         let names: Vec<String> = self.workers.keys().cloned().collect();
@@ -602,6 +610,27 @@ impl Watchdog {
             .sum();
         Some(memory.saturating_sub(tasks))
     }
+}
+
+/// `soft_cap_exceeded` of `task` at `crossing`; `how` says where a figure
+/// not read by the sampler came from.
+fn cap_exceeded(task: &TaskState, crossing: &Crossing, how: Option<&str>) -> EventBody {
+    let mut body = task_body(
+        EventKind::SoftCapExceeded,
+        &task.id,
+        &task.worker,
+        task.source.as_ref(),
+    );
+    body.rss_bytes = Some(crossing.memory);
+    body.soft_cap_bytes = Some(crossing.cap);
+    body.growth_bytes_per_sec = Some(crossing.growth_rate);
+    let how = how.map(|h| format!(" ({h})")).unwrap_or_default();
+    body.reason = Some(format!(
+        "task memory {} over its soft cap {}{how}",
+        bytes(crossing.memory),
+        bytes(crossing.cap)
+    ));
+    body
 }
 
 fn task_body(

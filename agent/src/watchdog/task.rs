@@ -128,6 +128,23 @@ impl TaskState {
         None
     }
 
+    /// A crossing the kernel reported (its usage then, page cache
+    /// included) that no read of the task judged: the task freed its
+    /// memory or ended first. A crossing when it is over the cap and the
+    /// task is not over it already; the next read re-arms as usual.
+    pub(crate) fn kernel_crossing(&mut self, usage: u64) -> Option<Crossing> {
+        let cap = self.soft_cap?;
+        if usage <= cap || self.over_cap {
+            return None;
+        }
+        self.over_cap = true;
+        Some(Crossing {
+            memory: usage,
+            cap,
+            growth_rate: self.growth_rate(),
+        })
+    }
+
     /// Bytes per second between the oldest and newest sample kept.
     pub(crate) fn growth_rate(&self) -> i64 {
         growth_rate(&self.samples)

@@ -300,7 +300,14 @@ impl Monitor {
             });
         }
         let now = Instant::now();
-        let (view, events) = watchdog.finish(task_id, outcome, now)?;
+        // A crossing no read judged is said before the task's end: the
+        // kernel saw it, and the task left no time for a read.
+        let crossed = self
+            .kernel
+            .take_crossing(task_id)
+            .and_then(|usage| watchdog.kernel_crossing(task_id, usage));
+        let (view, ended) = watchdog.finish(task_id, outcome, now)?;
+        let events: Vec<EventBody> = crossed.into_iter().chain(ended).collect();
         self.kernel.remove(task_id);
         let health = health_changes(&watchdog, &events);
         self.publish_gauges(&watchdog);
@@ -339,7 +346,13 @@ impl Monitor {
                 self.kernel.quiet_since(task, since)
             })
         };
+        let read_at = Instant::now();
         sample.tasks = sampler::sample(self.reader.as_ref(), &[], &tasks).tasks;
+        // A crossing the kernel still holds was judged by these reads; one it
+        // closed before any read is said from its own figure.
+        self.kernel
+            .judged(sample.tasks.keys().map(String::as_str), read_at);
+        sample.kernel_crossings = self.kernel.take_unjudged();
         sampler::kernel_figures(self.reader.as_ref(), &workers, &mut sample);
         sample.readings = self.all_readings();
         let host = self.reader.host_pressure();

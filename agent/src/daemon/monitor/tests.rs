@@ -18,6 +18,8 @@ fn task(id: impl Into<String>, source: Option<MemorySource>) -> TaskRequest {
     }
 }
 
+mod crossing;
+
 mod basics {
     use std::{fs, time::Duration};
 
