@@ -257,6 +257,19 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const NO_LIMIT: u64 = 9223372036854771712;
 
+    /// A v2 cgroup `v2` in `root`: `memory.max` 256 MiB, 100 MiB used (all
+    /// anonymous), and `memory.high` as `high` says.
+    fn v2_cgroup(root: &Path, high: &str) -> PathBuf {
+        let dir = cgroup(
+            root,
+            "v2",
+            &[("memory.max", 256 * MIB), ("memory.current", 100 * MIB)],
+        );
+        fs::write(dir.join("memory.high"), format!("{high}\n")).unwrap();
+        fs::write(dir.join("memory.stat"), "anon 104857600\n").unwrap();
+        dir
+    }
+
     #[test]
     fn nested_victim_names_the_parent_whose_limit_was_hit() {
         let root = tempfile::tempdir().unwrap();
@@ -432,12 +445,7 @@ mod tests {
         assert!(stands(&mut LimitsShared::default()));
 
         // v2: memory.max and memory.high.
-        let dir = root.path().join("v2");
-        fs::create_dir(&dir).unwrap();
-        fs::write(dir.join("memory.max"), "268435456\n").unwrap();
-        fs::write(dir.join("memory.current"), "104857600\n").unwrap();
-        fs::write(dir.join("memory.high"), "max\n").unwrap();
-        fs::write(dir.join("memory.stat"), "anon 104857600\n").unwrap();
+        let dir = v2_cgroup(root.path(), "max");
         let (kept, high) = chain_of(&dir, root.path());
         assert_eq!(high, None);
         let stands = || limits_stand(&dir, &kept, high, root.path(), &mut LimitsShared::default());
@@ -497,12 +505,7 @@ mod tests {
         );
         assert_eq!(high, None);
 
-        let dir = root.path().join("v2");
-        fs::create_dir(&dir).unwrap();
-        fs::write(dir.join("memory.max"), "268435456\n").unwrap();
-        fs::write(dir.join("memory.current"), "104857600\n").unwrap();
-        fs::write(dir.join("memory.high"), "241172480\n").unwrap();
-        fs::write(dir.join("memory.stat"), "anon 104857600\n").unwrap();
+        let dir = v2_cgroup(root.path(), "241172480");
         let (chain, high) = chain_of(&dir, root.path());
         assert_eq!(
             chain,

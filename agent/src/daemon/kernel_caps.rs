@@ -43,8 +43,8 @@ struct Held {
 }
 
 /// A cap crossing the kernel reported: its usage then (page cache
-/// included), when it came, and when the kernel said the cgroup went back
-/// below (re-armed) before any read judged it.
+/// included), when it came, and whether the kernel has said the cgroup
+/// went back below (re-armed) since, before any read judged it.
 #[derive(Clone, Copy, Debug)]
 struct KernelCrossing {
     usage: u64,

@@ -381,6 +381,11 @@ impl Monitor {
     ) -> (Option<String>, Option<String>, Vec<EventBody>) {
         let mut watchdog = self.lock();
         let attributed = watchdog.attribute_oom(cgroup, pid, Instant::now());
+        // The task ended: the kernel watches its cap no more (its cgroup
+        // may live on, and the map's entries are bounded).
+        if let Some(task_id) = &attributed.0 {
+            self.kernel.remove(task_id);
+        }
         self.publish_gauges(&watchdog);
         let _writes = self.unlock_for_writes(watchdog);
         if let Some(task_id) = &attributed.0 {

@@ -143,8 +143,9 @@ impl Monitor {
     /// Read: a cgroup new here or within a tenth of a limit; one the kernel
     /// said moved since its last read; near ones every tick; far ones when
     /// a limit file of theirs or an ancestor's changed, looked at every
-    /// [`REREAD_FOLLOWED`] ticks (only the limit files are read for that). Where the kernel does not follow a
-    /// cgroup (no probe), a fast tick reads all (all are near a limit), and
+    /// [`REREAD_FOLLOWED`] ticks (only the limit files are read for that).
+    /// Where the kernel does not follow a cgroup (no probe), a fast tick
+    /// reads all (all are near a limit), and
     /// a full tick a far one whose usage moved or that was last read
     /// [`REREAD_EVERY`] ticks ago.
     fn figures(&self, targets: &[&Path], all: bool) -> Vec<Option<PredictFigures>> {

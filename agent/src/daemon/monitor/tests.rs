@@ -5,6 +5,10 @@
 //! and a paused clock; they share one fixture (a monitor on a fake
 //! hierarchy).
 
+mod fixture;
+
+pub(crate) use fixture::{Watched, ino, monitor_of, w1};
+
 use crate::model::spec::{ANONYMOUS, MemorySource, TaskRequest};
 
 /// A task of the only worker, anonymous, with no soft cap of its own.
@@ -21,7 +25,7 @@ fn task(id: impl Into<String>, source: Option<MemorySource>) -> TaskRequest {
 mod crossing;
 
 mod basics {
-    use std::{fs, time::Duration};
+    use std::fs;
 
     use super::super::*;
     use crate::{
@@ -42,25 +46,14 @@ mod basics {
     ) -> (Monitor, Outbox) {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
         let outbox = Outbox::new("h", 100, metrics.clone());
-        let worker = WorkerSpec {
-            name: "w1".into(),
-            source: MemorySource::Cgroup(root.into()),
-            soft_cap: None,
-            unhealthy_after: Duration::from_secs(60),
-            recover_after: Duration::from_secs(30),
-            pressure: None,
-        };
-        let hierarchy = MemoryHierarchy {
-            root: root.into(),
-            version: CgroupVersion::V1,
-        };
-        let m = Monitor::new(
-            vec![worker],
-            Settings::default(),
+        let worker = super::w1(MemorySource::Cgroup(root.into()), None);
+        let m = super::monitor_of(
+            worker,
             rules,
-            hierarchy,
+            (root, CgroupVersion::V1),
             reader,
-            Recorder::new(outbox.clone(), metrics),
+            outbox.clone(),
+            metrics,
         );
         (m, outbox)
     }
@@ -227,24 +220,14 @@ mod restart {
         let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
         let outbox =
             Outbox::open(state, String::from("h"), Limits::default(), metrics.clone()).unwrap();
-        let worker = WorkerSpec {
-            name: "w1".into(),
-            source: MemorySource::Cgroup(root.into()),
-            soft_cap: Some(100 * MIB),
-            unhealthy_after: Duration::from_secs(60),
-            recover_after: Duration::from_secs(30),
-            pressure: None,
-        };
-        let m = Monitor::new(
-            vec![worker],
-            Settings::default(),
+        let worker = super::w1(MemorySource::Cgroup(root.into()), Some(100 * MIB));
+        let m = super::monitor_of(
+            worker,
             Vec::new(),
-            MemoryHierarchy {
-                root: root.into(),
-                version: CgroupVersion::V1,
-            },
+            (root, CgroupVersion::V1),
             reader,
-            Recorder::new(outbox, metrics),
+            outbox,
+            metrics,
         );
         m.restore();
         m
@@ -413,8 +396,6 @@ mod restart {
 }
 
 mod rejections {
-    use std::time::Duration;
-
     use super::super::*;
     use crate::{
         cgroup::CgroupVersion, daemon::sampler::fake::FakeReader, outbox::Outbox,
@@ -430,23 +411,13 @@ mod rejections {
         let reader = FakeReader::default();
         // 300 MiB of residual memory over a 100 MiB cap: every task is rejected.
         reader.set(MemorySource::Cgroup("/cg/w1".into()), 300 * MIB);
-        let m = Monitor::new(
-            vec![WorkerSpec {
-                name: "w1".into(),
-                source: MemorySource::Cgroup("/cg/w1".into()),
-                soft_cap: Some(100 * MIB),
-                unhealthy_after: Duration::from_secs(60),
-                recover_after: Duration::from_secs(30),
-                pressure: None,
-            }],
-            Settings::default(),
+        let m = super::monitor_of(
+            super::w1(MemorySource::Cgroup("/cg/w1".into()), Some(100 * MIB)),
             Vec::new(),
-            MemoryHierarchy {
-                root: "/cg".into(),
-                version: CgroupVersion::V1,
-            },
+            (Path::new("/cg"), CgroupVersion::V1),
             Arc::new(reader),
-            Recorder::new(outbox.clone(), metrics.clone()),
+            outbox.clone(),
+            metrics.clone(),
         );
         let task = |n: usize| super::task(format!("t{n}"), None);
         let rejected = |outbox: &Outbox| {
@@ -502,26 +473,20 @@ mod pressure {
             None => Outbox::new("h", 1000, metrics.clone()),
         };
         reader.set(MemorySource::Cgroup("/cg/w1".into()), 10 * MIB);
-        let m = Monitor::new(
-            vec![WorkerSpec {
-                name: "w1".into(),
-                source: MemorySource::Cgroup("/cg/w1".into()),
-                soft_cap: Some(100 * MIB),
-                unhealthy_after: Duration::from_secs(60),
-                recover_after: Duration::from_secs(30),
-                pressure: Some(PressureRule {
-                    limit_bp: 2000,
-                    after: Duration::from_secs(60),
-                }),
-            }],
-            Settings::default(),
+        let worker = WorkerSpec {
+            pressure: Some(PressureRule {
+                limit_bp: 2000,
+                after: Duration::from_secs(60),
+            }),
+            ..super::w1(MemorySource::Cgroup("/cg/w1".into()), Some(100 * MIB))
+        };
+        let m = super::monitor_of(
+            worker,
             Vec::new(),
-            MemoryHierarchy {
-                root: "/cg".into(),
-                version: CgroupVersion::V2,
-            },
+            (Path::new("/cg"), CgroupVersion::V2),
             reader,
-            Recorder::new(outbox, metrics.clone()),
+            outbox,
+            metrics.clone(),
         );
         m.restore();
         (m, metrics)

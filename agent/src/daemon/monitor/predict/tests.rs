@@ -3,15 +3,15 @@
 use std::{path::Path, sync::Arc};
 
 use super::*;
+use crate::daemon::monitor::tests::{Watched, ino};
 use crate::{
-    cgroup::{CgroupVersion, MemoryHierarchy, limits::ChainLimit},
+    cgroup::{CgroupVersion, limits::ChainLimit},
     daemon::sampler::{PredictFigures, fake::FakeReader},
     model::{
         event::EventKind,
-        spec::{ANONYMOUS, MemorySource, Settings, TaskRequest, WorkerSpec},
+        spec::{ANONYMOUS, MemorySource, TaskRequest},
     },
     outbox::Outbox,
-    record::Recorder,
     telemetry::Metrics,
 };
 
@@ -21,25 +21,14 @@ const LIMIT: u64 = 256 * MIB;
 fn monitor(root: &Path, reader: Arc<FakeReader>) -> (Monitor, Metrics) {
     let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
     let outbox = Outbox::new("h", 1000, metrics.clone());
-    let worker = WorkerSpec {
-        name: "w1".into(),
-        source: MemorySource::Pid(1),
-        soft_cap: None,
-        unhealthy_after: Duration::from_secs(60),
-        recover_after: Duration::from_secs(30),
-        pressure: None,
-    };
-    let hierarchy = MemoryHierarchy {
-        root: root.into(),
-        version: CgroupVersion::V1,
-    };
-    let m = Monitor::new(
-        vec![worker],
-        Settings::default(),
+    let worker = super::super::tests::w1(MemorySource::Pid(1), None);
+    let m = super::super::tests::monitor_of(
+        worker,
         Vec::new(),
-        hierarchy,
+        (root, CgroupVersion::V1),
         reader,
-        Recorder::new(outbox, metrics.clone()),
+        outbox,
+        metrics.clone(),
     );
     (m, metrics)
 }
@@ -204,25 +193,6 @@ async fn idle_far_cgroups_are_read_in_full_only_every_tenth_tick_unless_they_mov
     );
     let status = m.tasks();
     assert!(status.iter().any(|t| t.task_id == "t0"), "{status:?}");
-}
-
-/// The kernel's WATCHED map, as far as the predictor cares.
-#[derive(Default)]
-struct Watched(std::sync::Mutex<std::collections::HashMap<u64, crate::probe::Watch>>);
-
-impl crate::probe::KernelWatch for Watched {
-    fn set(&self, id: u64, watch: Option<crate::probe::Watch>) {
-        let mut map = self.0.lock().unwrap();
-        match watch {
-            Some(w) => map.insert(id, w),
-            None => map.remove(&id),
-        };
-    }
-}
-
-fn ino(path: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(path).unwrap().ino()
 }
 
 /// What the growth program sends when `cgroup`'s usage moved.

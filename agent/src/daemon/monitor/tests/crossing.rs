@@ -6,55 +6,47 @@
 
 use std::{path::Path, sync::Arc, time::Duration};
 
-use super::super::*;
+use super::{Watched, ino, monitor_of, w1};
 use crate::{
     cgroup::CgroupVersion,
-    daemon::sampler::fake::FakeReader,
+    daemon::{monitor::Monitor, sampler::fake::FakeReader},
     model::{
-        event::EventKind,
-        spec::{ANONYMOUS, TaskOutcome, TaskRequest},
+        event::{EventBody, EventKind},
+        spec::{ANONYMOUS, MemorySource, TaskOutcome, TaskRequest},
     },
     outbox::Outbox,
-    probe::{KernelWatch, Line, Watch},
+    probe::Line,
     telemetry::Metrics,
 };
 
 const MIB: u64 = 1 << 20;
 const CAP: u64 = 64 * MIB;
 
-struct NoMap;
-
-impl KernelWatch for NoMap {
-    fn set(&self, _: u64, _: Option<Watch>) {}
-}
-
 /// A monitor with the kernel's watch attached and task `t` registered in
 /// its own cgroup with a 64 MiB soft cap, read at 10 MiB.
-fn start(root: &Path) -> (Monitor, Arc<FakeReader>, std::path::PathBuf) {
+struct Fixture {
+    m: Monitor,
+    reader: Arc<FakeReader>,
+    map: Arc<Watched>,
+    cgroup: std::path::PathBuf,
+}
+
+fn start(root: &Path) -> Fixture {
     let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
     let outbox = Outbox::new("h", 100, metrics.clone());
     let reader = Arc::new(FakeReader::default());
-    let worker = WorkerSpec {
-        name: "w1".into(),
-        source: MemorySource::Pid(1),
-        soft_cap: None,
-        unhealthy_after: Duration::from_secs(60),
-        recover_after: Duration::from_secs(30),
-        pressure: None,
-    };
     reader.set(MemorySource::Pid(1), 100 * MIB);
-    let m = Monitor::new(
-        vec![worker],
-        Settings::default(),
+    let worker = w1(MemorySource::Pid(1), None);
+    let m = monitor_of(
+        worker,
         Vec::new(),
-        MemoryHierarchy {
-            root: root.into(),
-            version: CgroupVersion::V1,
-        },
+        (root, CgroupVersion::V1),
         reader.clone(),
-        Recorder::new(outbox, metrics),
+        outbox,
+        metrics,
     );
-    m.attach_kernel_watch(Arc::new(NoMap));
+    let map = Arc::new(Watched::default());
+    m.attach_kernel_watch(map.clone());
     let cgroup = root.join("t");
     std::fs::create_dir(&cgroup).unwrap();
     reader.set(MemorySource::Cgroup(cgroup.clone()), 10 * MIB);
@@ -67,28 +59,44 @@ fn start(root: &Path) -> (Monitor, Arc<FakeReader>, std::path::PathBuf) {
     })
     .unwrap();
     m.tick();
-    (m, reader, cgroup)
+    Fixture {
+        m,
+        reader,
+        map,
+        cgroup,
+    }
 }
 
-fn line(m: &Monitor, cgroup: &Path, line: Line, usage: u64) {
-    use std::os::unix::fs::MetadataExt as _;
-    m.growth_line(&crate::probe::GrowthLine {
-        time: chrono::Utc::now(),
-        memcg_id: std::fs::metadata(cgroup).unwrap().ino(),
-        line,
-        usage_bytes: usage,
-        cap_bytes: Some(CAP),
-    });
-}
+impl Fixture {
+    /// The growth program's `line` of the task's cgroup at `usage`.
+    fn line(&self, line: Line, usage: u64) {
+        self.m.growth_line(&crate::probe::GrowthLine {
+            time: chrono::Utc::now(),
+            memcg_id: ino(&self.cgroup),
+            line,
+            usage_bytes: usage,
+            cap_bytes: Some(CAP),
+        });
+    }
 
-fn crossings(m: &Monitor) -> Vec<EventBody> {
-    m.recorder
-        .outbox()
-        .read(0, 100)
-        .into_iter()
-        .filter(|e| e.body.kind == EventKind::SoftCapExceeded)
-        .map(|e| e.body)
-        .collect()
+    /// The sampler reads the task at `bytes` from now on.
+    fn reads(&self, bytes: u64) {
+        self.reader
+            .set(MemorySource::Cgroup(self.cgroup.clone()), bytes);
+    }
+
+    fn crossings(&self) -> Vec<EventBody> {
+        self.kinds_of(&[EventKind::SoftCapExceeded])
+    }
+
+    fn kinds_of(&self, kinds: &[EventKind]) -> Vec<EventBody> {
+        let events = self.m.recorder.outbox().read(0, 100);
+        events
+            .into_iter()
+            .map(|e| e.body)
+            .filter(|b| kinds.contains(&b.kind))
+            .collect()
+    }
 }
 
 /// Over the cap and back below in the kernel with no read between (the
@@ -97,14 +105,14 @@ fn crossings(m: &Monitor) -> Vec<EventBody> {
 #[tokio::test(start_paused = true)]
 async fn a_crossing_gone_before_a_read_is_said_at_the_kernels_figure() {
     let root = tempfile::tempdir().unwrap();
-    let (m, reader, cgroup) = start(root.path());
-    line(&m, &cgroup, Line::AboveCap, 66 * MIB);
+    let f = start(root.path());
+    f.line(Line::AboveCap, 66 * MIB);
     tokio::time::advance(Duration::from_millis(5)).await;
-    line(&m, &cgroup, Line::BelowCap, 12 * MIB);
-    reader.set(MemorySource::Cgroup(cgroup.clone()), 12 * MIB);
+    f.line(Line::BelowCap, 12 * MIB);
+    f.reads(12 * MIB);
     tokio::time::advance(Duration::from_millis(5)).await;
-    m.tick();
-    let said = crossings(&m);
+    f.m.tick();
+    let said = f.crossings();
     assert_eq!(said.len(), 1, "{said:?}");
     assert_eq!(said[0].task_id.as_deref(), Some("t"));
     assert_eq!(said[0].rss_bytes, Some(66 * MIB));
@@ -112,8 +120,8 @@ async fn a_crossing_gone_before_a_read_is_said_at_the_kernels_figure() {
     let reason = said[0].reason.as_deref().unwrap();
     assert!(reason.contains("the kernel's count"), "{reason}");
     tokio::time::advance(Duration::from_secs(1)).await;
-    m.tick();
-    assert_eq!(crossings(&m).len(), 1, "said once");
+    f.m.tick();
+    assert_eq!(f.crossings().len(), 1, "said once");
 }
 
 /// Over the cap in the kernel, and the task ends before a read: the
@@ -121,20 +129,32 @@ async fn a_crossing_gone_before_a_read_is_said_at_the_kernels_figure() {
 #[tokio::test(start_paused = true)]
 async fn a_task_ending_before_a_read_of_its_crossing_says_it_first() {
     let root = tempfile::tempdir().unwrap();
-    let (m, _reader, cgroup) = start(root.path());
-    line(&m, &cgroup, Line::AboveCap, 70 * MIB);
-    m.finish("t", TaskOutcome::Ended { exit_code: Some(0) })
+    let f = start(root.path());
+    f.line(Line::AboveCap, 70 * MIB);
+    f.m.finish("t", TaskOutcome::Ended { exit_code: Some(0) })
         .unwrap();
-    let kinds: Vec<EventKind> = m
-        .recorder
-        .outbox()
-        .read(0, 100)
-        .into_iter()
-        .map(|e| e.body.kind)
-        .filter(|k| matches!(k, EventKind::SoftCapExceeded | EventKind::TaskFinished))
+    let kinds: Vec<EventKind> = f
+        .kinds_of(&[EventKind::SoftCapExceeded, EventKind::TaskFinished])
+        .iter()
+        .map(|b| b.kind)
         .collect();
     assert_eq!(kinds, [EventKind::SoftCapExceeded, EventKind::TaskFinished]);
-    assert_eq!(crossings(&m)[0].rss_bytes, Some(70 * MIB));
+    assert_eq!(f.crossings()[0].rss_bytes, Some(70 * MIB));
+}
+
+/// Over the cap in the kernel at 66 MiB, read at `read` while the kernel
+/// still holds it, then back below: the crossings said by then.
+async fn crossed_and_read_at(read: u64) -> (Fixture, tempfile::TempDir) {
+    let root = tempfile::tempdir().unwrap();
+    let f = start(root.path());
+    f.line(Line::AboveCap, 66 * MIB);
+    tokio::time::advance(Duration::from_millis(5)).await;
+    f.reads(read);
+    f.m.tick();
+    f.line(Line::BelowCap, 30 * MIB);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    f.m.tick();
+    (f, root)
 }
 
 /// A read while the kernel holds the crossing judges it: over the cap, it
@@ -143,30 +163,29 @@ async fn a_task_ending_before_a_read_of_its_crossing_says_it_first() {
 /// kernel closes it nor when the task ends.
 #[tokio::test(start_paused = true)]
 async fn a_read_during_the_crossing_judges_it() {
-    let root = tempfile::tempdir().unwrap();
-    let (m, reader, cgroup) = start(root.path());
-    line(&m, &cgroup, Line::AboveCap, 66 * MIB);
-    tokio::time::advance(Duration::from_millis(5)).await;
-    reader.set(MemorySource::Cgroup(cgroup.clone()), 40 * MIB);
-    m.tick();
-    line(&m, &cgroup, Line::BelowCap, 30 * MIB);
-    tokio::time::advance(Duration::from_secs(1)).await;
-    m.tick();
-    assert!(crossings(&m).is_empty(), "judged below by the read");
-    m.finish("t", TaskOutcome::Ended { exit_code: Some(0) })
+    let (f, _root) = crossed_and_read_at(40 * MIB).await;
+    assert!(f.crossings().is_empty(), "judged below by the read");
+    f.m.finish("t", TaskOutcome::Ended { exit_code: Some(0) })
         .unwrap();
-    assert!(crossings(&m).is_empty());
+    assert!(f.crossings().is_empty());
 
-    let root = tempfile::tempdir().unwrap();
-    let (m, reader, cgroup) = start(root.path());
-    line(&m, &cgroup, Line::AboveCap, 66 * MIB);
-    tokio::time::advance(Duration::from_millis(5)).await;
-    reader.set(MemorySource::Cgroup(cgroup.clone()), 66 * MIB);
-    m.tick();
-    line(&m, &cgroup, Line::BelowCap, 30 * MIB);
-    tokio::time::advance(Duration::from_secs(1)).await;
-    m.tick();
-    let said = crossings(&m);
+    let (f, _root) = crossed_and_read_at(66 * MIB).await;
+    let said = f.crossings();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(!said[0].reason.as_deref().unwrap().contains("kernel"));
+}
+
+/// A task the OOM killer ended gives its cap back to the kernel, as one
+/// that ended by itself does: nothing of it stays in the WATCHED map.
+#[tokio::test(start_paused = true)]
+async fn an_oom_killed_task_gives_its_cap_back_to_the_kernel() {
+    let root = tempfile::tempdir().unwrap();
+    let f = start(root.path());
+    let id = ino(&f.cgroup);
+    let held = f.map.0.lock().unwrap().get(&id).and_then(|w| w.cap_bytes);
+    assert_eq!(held, Some(CAP));
+    let (task, _, _) = f.m.attribute_oom(Some(&f.cgroup), 4242);
+    assert_eq!(task.as_deref(), Some("t"));
+    let held = f.map.0.lock().unwrap().get(&id).and_then(|w| w.cap_bytes);
+    assert_eq!(held, None, "the cap is taken back");
 }
