@@ -163,6 +163,7 @@ pub struct FakeApi {
     pub addr: SocketAddr,
     pub cluster: Shared,
     server: Option<tokio::task::JoinHandle<()>>,
+    connections: Arc<Mutex<JoinSet<()>>>,
 }
 
 impl FakeApi {
@@ -172,6 +173,7 @@ impl FakeApi {
             addr: listener.local_addr().unwrap(),
             cluster: Shared::default(),
             server: None,
+            connections: Arc::default(),
         };
         fake.serve(listener);
         fake
@@ -185,11 +187,18 @@ impl FakeApi {
         lock(&self.cluster)
     }
 
-    /// Closes the port and every open connection: the API is unreachable.
-    pub fn stop(&mut self) {
+    /// Closes the port and every open connection, and returns once they are
+    /// all gone: the API is unreachable, and no request on a kept-alive
+    /// connection can still be answered after this returns (an abort alone
+    /// only asks the runtime, and a worker thread could be mid-request).
+    pub async fn stop(&mut self) {
         if let Some(server) = self.server.take() {
             server.abort();
+            let _ = server.await;
         }
+        let mut connections =
+            std::mem::take(&mut *self.connections.lock().unwrap_or_else(|e| e.into_inner()));
+        connections.shutdown().await;
         lock(&self.cluster).watchers.clear();
     }
 
@@ -214,14 +223,16 @@ impl FakeApi {
         let app = Router::new()
             .fallback(handle)
             .with_state(self.cluster.clone());
+        let connections = self.connections.clone();
         self.server = Some(tokio::spawn(async move {
-            // Connections are this task's: aborting it closes them all.
-            let mut connections = JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                let mut connections = connections.lock().unwrap_or_else(|e| e.into_inner());
+                // Finished connections leave the set as new ones come.
+                while connections.try_join_next().is_some() {}
                 connections.spawn(async move {
                     let io = hyper_util::rt::TokioIo::new(stream);
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -235,7 +246,14 @@ impl FakeApi {
 
 impl Drop for FakeApi {
     fn drop(&mut self) {
-        self.stop();
+        // Dropping the set aborts every connection.
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+        drop(std::mem::take(
+            &mut *self.connections.lock().unwrap_or_else(|e| e.into_inner()),
+        ));
+        lock(&self.cluster).watchers.clear();
     }
 }
 

@@ -527,7 +527,7 @@ async fn errors_and_an_api_down_for_a_minute_lose_nothing() {
         },
     )
     .await;
-    h.fake.stop();
+    h.fake.stop().await;
     let down = std::time::Instant::now();
     for i in 5..20 {
         recorded.push(h.recorder.record(oom(i), None));
