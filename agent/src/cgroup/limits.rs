@@ -116,7 +116,10 @@ impl Own {
         match limit_file(dir, "memory.limit_in_bytes") {
             Ok(memory) => Own {
                 memory,
-                memsw: read_limit(dir, "memory.memsw.limit_in_bytes"),
+                // v1 keeps memory.limit_in_bytes <= memory.memsw.limit_in_bytes
+                // (memcontrol-v1's resize refuses a write that breaks it): no
+                // memory limit, no memory+swap one, and no read of it.
+                memsw: memory.and_then(|_| read_limit(dir, "memory.memsw.limit_in_bytes")),
                 v2: false,
             },
             Err(_) => Own {
@@ -377,6 +380,30 @@ mod tests {
         assert_eq!(next_round.last().map(|l| l.used), Some(400 * MIB));
     }
 
+    /// v1 keeps the memory+swap limit at or above the memory limit, so a
+    /// cgroup with no memory limit has no memory+swap one either: its
+    /// `memory.memsw.limit_in_bytes` is not read (half of an idle task
+    /// cgroup's limit checks). A file saying otherwise (the kernel would
+    /// have refused the write) is not looked at.
+    #[test]
+    fn no_memory_limit_means_no_memsw_read() {
+        let root = tempfile::tempdir().unwrap();
+        let task = cgroup(
+            root.path(),
+            "t",
+            &[
+                ("memory.limit_in_bytes", NO_LIMIT),
+                ("memory.memsw.limit_in_bytes", 64 * MIB),
+            ],
+        );
+        assert_eq!(Own::read(&task).bytes().count(), 0);
+        fs::write(task.join("memory.limit_in_bytes"), (32 * MIB).to_string()).unwrap();
+        assert_eq!(
+            Own::read(&task).bytes().collect::<Vec<_>>(),
+            [32 * MIB, 64 * MIB]
+        );
+    }
+
     /// A chain read before stands while no limit file above the cgroup
     /// changed, whatever its memory did; a limit written on it, on an
     /// ancestor (seen in the next round: an ancestor is read once per
@@ -480,7 +507,8 @@ mod tests {
             root.path(),
             "p/c",
             &[
-                ("memory.limit_in_bytes", NO_LIMIT),
+                // memsw below no memory limit: the kernel refuses that.
+                ("memory.limit_in_bytes", 900 * MIB),
                 ("memory.usage_in_bytes", 150 * MIB),
                 ("memory.memsw.limit_in_bytes", 1024 * MIB),
                 ("memory.memsw.usage_in_bytes", 160 * MIB),
@@ -491,6 +519,11 @@ mod tests {
         assert_eq!(
             chain,
             vec![
+                ChainLimit {
+                    cgroup: child.clone(),
+                    bytes: 900 * MIB,
+                    used: 100 * MIB
+                },
                 ChainLimit {
                     cgroup: child.clone(),
                     bytes: 1024 * MIB,

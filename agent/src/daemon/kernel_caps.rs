@@ -13,7 +13,10 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::probe::{GrowthLine, KernelWatch, Line, Watch};
+use crate::{
+    model::FastMap,
+    probe::{GrowthLine, KernelWatch, Line, Watch},
+};
 
 #[derive(Default)]
 pub(crate) struct KernelCaps {
@@ -27,11 +30,11 @@ pub(crate) struct KernelCaps {
 #[derive(Default)]
 struct Held {
     /// Cgroup id by key.
-    ids: HashMap<String, u64>,
+    ids: FastMap<String, u64>,
     /// Cgroup id of each cgroup the predictor follows.
-    followed: HashMap<PathBuf, u64>,
+    followed: FastMap<PathBuf, u64>,
     /// By id of a watched cgroup: who watches it and what the kernel said.
-    watched: HashMap<u64, Watched>,
+    watched: FastMap<u64, Watched>,
     /// When records were last found lost to a full ring buffer: any of
     /// them may have been a line of a watched cgroup.
     lost_at: Option<Instant>,
@@ -171,18 +174,30 @@ impl KernelCaps {
         }
     }
 
-    /// Whether the kernel said `cgroup` moved since `since`: `None` when
-    /// it does not follow it (the caller reads it to know). It moved when
-    /// a sample came after `since`, when its sample size was handed to the
-    /// kernel after it (the kernel's account starts there), or when
-    /// records were lost after it.
-    pub(crate) fn moved_since(&self, cgroup: &Path, since: Instant) -> Option<bool> {
-        self.watch.get()?;
+    /// For each query `(cgroup, since)`, under one lock (the predictor asks
+    /// of every followed cgroup each tick): whether the kernel said it moved
+    /// since then; `None` when it does not follow it (the caller reads it to
+    /// know) or for a `None` query. It moved when a sample came after
+    /// `since`, when its sample size was handed to the kernel after it (the
+    /// kernel's account starts there), or when records were lost after it.
+    pub(crate) fn moved_since_each<'a>(
+        &self,
+        queries: impl IntoIterator<Item = Option<(&'a Path, Instant)>>,
+    ) -> Vec<Option<bool>> {
+        let queries = queries.into_iter();
+        if self.watch.get().is_none() {
+            return queries.map(|_| None).collect();
+        }
         let held = self.held();
-        let watched = held.watched.get(held.followed.get(cgroup)?)?;
-        watched.watch.sample_bytes?;
-        let after = |at: Option<Instant>| at.is_some_and(|at| at > since);
-        Some(after(held.lost_at) || after(watched.followed_at) || after(watched.sampled_at))
+        queries
+            .map(|query| {
+                let (cgroup, since) = query?;
+                let watched = held.watched.get(held.followed.get(cgroup)?)?;
+                watched.watch.sample_bytes?;
+                let after = |at: Option<Instant>| at.is_some_and(|at| at > since);
+                Some(after(held.lost_at) || after(watched.followed_at) || after(watched.sampled_at))
+            })
+            .collect()
     }
 
     /// Notified when the kernel saw a cap crossed: sample at once.
@@ -381,6 +396,12 @@ mod tests {
 
     use super::*;
 
+    fn moved(caps: &KernelCaps, cgroup: &Path, since: Instant) -> Option<bool> {
+        caps.moved_since_each([Some((cgroup, since))])
+            .pop()
+            .flatten()
+    }
+
     struct NoMap;
 
     impl KernelWatch for NoMap {
@@ -488,7 +509,7 @@ mod tests {
         let id = std::fs::metadata(cgroup).unwrap().ino();
         let caps = KernelCaps::default();
         assert!(!caps.follow(cgroup, 1 << 20), "no probe yet");
-        assert_eq!(caps.moved_since(cgroup, Instant::now()), None);
+        assert_eq!(moved(&caps, cgroup, Instant::now()), None);
         let map = Arc::new(Map::default());
         caps.attach(map.clone());
         assert!(!caps.follow(&dir.path().join("gone"), 1 << 20));
@@ -497,15 +518,11 @@ mod tests {
         let held = map.get(id).expect("in the map");
         assert_eq!((held.cap_bytes, held.sample_bytes), (None, Some(1 << 20)));
         let before = Instant::now() - Duration::from_millis(1);
-        assert_eq!(
-            caps.moved_since(cgroup, before),
-            Some(true),
-            "followed after"
-        );
+        assert_eq!(moved(&caps, cgroup, before), Some(true), "followed after");
         tokio::time::advance(Duration::from_millis(5)).await;
         let read = Instant::now();
-        assert_eq!(caps.moved_since(cgroup, read), Some(false));
-        assert_eq!(caps.moved_since(&dir.path().join("other"), read), None);
+        assert_eq!(moved(&caps, cgroup, read), Some(false));
+        assert_eq!(moved(&caps, &dir.path().join("other"), read), None);
 
         // A cap on the same cgroup: one entry with both; the cap's lines
         // do not count as samples, and a sample is no cap line.
@@ -518,23 +535,23 @@ mod tests {
         let generation = held.generation;
         tokio::time::advance(Duration::from_millis(5)).await;
         caps.line(&line(id, Line::Step, 50));
-        assert_eq!(caps.moved_since(cgroup, read), Some(false), "a step");
+        assert_eq!(moved(&caps, cgroup, read), Some(false), "a step");
         let quiet = Instant::now();
         tokio::time::advance(Duration::from_millis(5)).await;
         caps.line(&GrowthLine {
             cap_bytes: None,
             ..line(id, Line::Sample, 70)
         });
-        assert_eq!(caps.moved_since(cgroup, read), Some(true), "a sample");
+        assert_eq!(moved(&caps, cgroup, read), Some(true), "a sample");
         assert!(caps.quiet_since("t", quiet), "a sample moves no cap line");
         assert_eq!(caps.usage_of("t"), Some(50));
         let read = Instant::now();
-        assert_eq!(caps.moved_since(cgroup, read), Some(false));
+        assert_eq!(moved(&caps, cgroup, read), Some(false));
 
         // The same sample size again writes nothing; another one does, and
         // keeps the cap's generation (the kernel does not re-arm its cap).
         assert!(caps.follow(cgroup, 1 << 20));
-        assert_eq!(caps.moved_since(cgroup, read), Some(false));
+        assert_eq!(moved(&caps, cgroup, read), Some(false));
         tokio::time::advance(Duration::from_millis(5)).await;
         assert!(caps.follow(cgroup, 4 << 20));
         let held = map.get(id).unwrap();
@@ -542,14 +559,14 @@ mod tests {
             (held.generation, held.sample_bytes),
             (generation, Some(4 << 20))
         );
-        assert_eq!(caps.moved_since(cgroup, read), Some(true), "new size");
+        assert_eq!(moved(&caps, cgroup, read), Some(true), "new size");
 
         // Lost records: every followed cgroup may have moved.
         tokio::time::advance(Duration::from_millis(5)).await;
         let read = Instant::now();
         tokio::time::advance(Duration::from_millis(5)).await;
         caps.records_lost();
-        assert_eq!(caps.moved_since(cgroup, read), Some(true), "records lost");
+        assert_eq!(moved(&caps, cgroup, read), Some(true), "records lost");
 
         // The cap goes, the samples stay; then they go too.
         caps.remove("t");
@@ -558,7 +575,7 @@ mod tests {
         assert!(held.generation > generation, "the kernel drops the cap");
         caps.unfollow(cgroup);
         assert_eq!(map.get(id), None);
-        assert_eq!(caps.moved_since(cgroup, read), None);
+        assert_eq!(moved(&caps, cgroup, read), None);
 
         // Removed: the path stands for that id no more.
         assert!(caps.follow(cgroup, 1 << 20));
@@ -566,7 +583,7 @@ mod tests {
         assert!(map.get(id).is_some(), "another cgroup");
         caps.cgroup_removed(id);
         assert_eq!(map.get(id), None);
-        assert_eq!(caps.moved_since(cgroup, read), None);
+        assert_eq!(moved(&caps, cgroup, read), None);
 
         // Two keys on one cgroup: the cap stays until the last goes.
         caps.push("a", cgroup, 100);

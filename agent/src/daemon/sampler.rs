@@ -16,6 +16,7 @@ use crate::{
         pressure::{self, PressureError},
     },
     model::{
+        FastMap,
         pressure::{MemoryEvents, Pressure},
         spec::MemorySource,
     },
@@ -215,7 +216,7 @@ pub(crate) fn sample(
     workers: &[(String, MemorySource)],
     tasks: &[(String, MemorySource)],
 ) -> Sample {
-    let read = |list: &[(String, MemorySource)]| -> HashMap<String, u64> {
+    let read = |list: &[(String, MemorySource)]| -> FastMap<String, u64> {
         reader
             .read_many(list)
             .into_iter()

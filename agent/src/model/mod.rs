@@ -13,3 +13,9 @@ pub(crate) mod source;
 pub(crate) mod spec;
 pub(crate) mod time;
 pub(crate) mod units;
+
+/// A hash map with a fast, per-process seeded hasher (foldhash), for the
+/// maps a sampling round looks up once per task or followed cgroup (task
+/// ids, cgroup paths): SipHash and `Path`'s component-wise hashing made a
+/// tenth of an idle agent's CPU at 5,000 tasks (docs/benchmarks.md).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -4,7 +4,7 @@
 //! when the kill comes, how early it was said and how wrong the ETA was.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::predict::{Limit, LimitFields, LimitOwner, Prediction, Series, nearest};
 use crate::model::{
+    FastMap,
     event::{EventBody, EventKind, OomConstraint},
     spec::PredictSettings,
 };
@@ -157,14 +158,14 @@ struct Followed {
 #[derive(Debug, Default)]
 pub(crate) struct Predictions {
     rules: PredictSettings,
-    cgroups: HashMap<PathBuf, Followed>,
+    cgroups: FastMap<PathBuf, Followed>,
 }
 
 impl Predictions {
     pub(crate) fn new(rules: PredictSettings) -> Self {
         Self {
             rules,
-            cgroups: HashMap::new(),
+            cgroups: FastMap::default(),
         }
     }
 
@@ -173,16 +174,17 @@ impl Predictions {
         let mut events = Vec::new();
         for r in readings {
             let rule = self.rules.rule(&r.worker);
-            // Every tick reads every followed cgroup: no allocation for one
-            // already known whose nearest limit stayed the same.
-            if !self.cgroups.contains_key(&r.cgroup) {
-                if self.cgroups.len() >= MAX_CGROUPS {
-                    self.forget_oldest();
+            // Every tick reads every followed cgroup: one lookup and no
+            // allocation for one already known whose nearest limit stayed
+            // the same.
+            let f = match self.cgroups.get_mut(&r.cgroup) {
+                Some(f) => f,
+                None => {
+                    if self.cgroups.len() >= MAX_CGROUPS {
+                        forget_oldest(&mut self.cgroups);
+                    }
+                    self.cgroups.entry(r.cgroup.clone()).or_default()
                 }
-                self.cgroups.insert(r.cgroup.clone(), Followed::default());
-            }
-            let Some(f) = self.cgroups.get_mut(&r.cgroup) else {
-                continue;
             };
             f.read_at = Some(now);
             let near = nearest(&r.limits);
@@ -250,16 +252,15 @@ impl Predictions {
         }
         soonest
     }
+}
 
-    fn forget_oldest(&mut self) {
-        let oldest = self
-            .cgroups
-            .iter()
-            .min_by_key(|(_, f)| f.read_at)
-            .map(|(path, _)| path.clone());
-        if let Some(path) = oldest {
-            self.cgroups.remove(&path);
-        }
+fn forget_oldest(cgroups: &mut FastMap<PathBuf, Followed>) {
+    let oldest = cgroups
+        .iter()
+        .min_by_key(|(_, f)| f.read_at)
+        .map(|(path, _)| path.clone());
+    if let Some(path) = oldest {
+        cgroups.remove(&path);
     }
 }
 

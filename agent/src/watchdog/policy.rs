@@ -20,6 +20,7 @@ use super::{
     worker::{Cause, Transition, WorkerState, WorkerView, bytes},
 };
 use crate::model::{
+    FastMap,
     event::{EventBody, EventKind},
     health::Health,
     pressure::{MemoryEvents, Pressure},
@@ -33,8 +34,8 @@ pub(crate) type Sources = Vec<(String, MemorySource)>;
 /// entry means "could not be read" and skips that check.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Sample {
-    pub workers: HashMap<String, u64>,
-    pub tasks: HashMap<String, u64>,
+    pub workers: FastMap<String, u64>,
+    pub tasks: FastMap<String, u64>,
     /// Workers' PSI (`memory.pressure`, cgroup v2), when readable.
     pub pressure: HashMap<String, Pressure>,
     /// Workers' memory event counters, when readable.
@@ -193,7 +194,7 @@ impl Watchdog {
     /// that cap and saw no growth step or crossing since).
     pub(crate) fn busy_tasks(
         &self,
-        workers: &HashMap<String, u64>,
+        workers: &FastMap<String, u64>,
         kernel_quiet: impl Fn(&str, Instant) -> bool,
     ) -> Sources {
         let calm = |name: &str| {
@@ -390,8 +391,11 @@ impl Watchdog {
         for (task_id, &usage) in &sample.kernel_crossings {
             events.extend(self.kernel_crossing(task_id, usage));
         }
-        for task in self.tasks.values_mut() {
-            let Some(&memory) = sample.tasks.get(&task.id) else {
+        // The tasks read, in id order (most rounds read only the busy ones).
+        let mut read: Vec<(&String, u64)> = sample.tasks.iter().map(|(id, &m)| (id, m)).collect();
+        read.sort_unstable();
+        for (id, memory) in read {
+            let Some(task) = self.tasks.get_mut(id) else {
                 continue;
             };
             if let Some(crossing) = task.observe(memory, now, &self.settings) {

@@ -82,6 +82,9 @@ pub(crate) struct Prediction {
 pub(crate) struct Series {
     /// (time, bytes), oldest first, within [`WINDOW`], at most [`MAX_SAMPLES`].
     samples: VecDeque<(Instant, u64)>,
+    /// How many of the newest samples equal the newest: a series that never
+    /// moved is known so without a scan (most followed cgroups are idle).
+    flat: usize,
 }
 
 impl Series {
@@ -90,6 +93,10 @@ impl Series {
         if self.samples.back().is_some_and(|&(last, _)| at < last) {
             return;
         }
+        self.flat = match self.last() {
+            Some(last) if last == unreclaimable => self.flat + 1,
+            _ => 1,
+        };
         self.samples.push_back((at, unreclaimable));
         while self.samples.len() > MAX_SAMPLES
             || self
@@ -99,6 +106,7 @@ impl Series {
         {
             self.samples.pop_front();
         }
+        self.flat = self.flat.min(self.samples.len());
     }
 
     /// The last sample's bytes.
@@ -112,7 +120,7 @@ impl Series {
         let last = self.last()?;
         // A series that never moved grows at no rate: no fit (the idle task
         // cgroups of a busy worker are most of what is followed).
-        if self.samples.iter().all(|&(_, b)| b == last) {
+        if self.flat == self.samples.len() {
             return None;
         }
         let throttled = high.is_some_and(|h| last >= h);

@@ -14,7 +14,6 @@
 //! `memory.stat` only when one of them changed).
 
 use std::{
-    collections::HashSet,
     path::{Path, PathBuf},
     sync::atomic::Ordering,
     time::Duration,
@@ -81,6 +80,8 @@ pub(crate) struct Kept {
     figures: PredictFigures,
     usage: Option<u64>,
     round: u64,
+    /// The last tick that had it among its targets.
+    seen: u64,
     at: Instant,
     /// Within half of none of its limits.
     far: bool,
@@ -153,13 +154,24 @@ impl Monitor {
         let root = self.cgroup_root();
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         let mut shared = LimitsShared::default();
+        // Each target is marked seen this round (a full tick forgets the
+        // rest below) and asked of the kernel, all under one lock of its.
+        let since: Vec<Option<(&Path, Instant)>> = targets
+            .iter()
+            .map(|c| {
+                let k = kept.get_mut(*c)?;
+                k.seen = round;
+                Some((*c, k.at))
+            })
+            .collect();
+        let moved = self.kernel.moved_since_each(since);
         // Far cgroups whose limits were found standing: checked again
         // [`REREAD_FOLLOWED`] ticks from now.
         let mut stood = Vec::new();
-        let mut fresh = |c: &Path| -> Result<PredictFigures, ReadWhy> {
+        let mut fresh = |c: &Path, moved: Option<bool>| -> Result<PredictFigures, ReadWhy> {
             let k = kept.get(c).ok_or(ReadWhy::New)?;
             let age = round.saturating_sub(k.round);
-            match self.kernel.moved_since(c, k.at) {
+            match moved {
                 Some(true) => Err(ReadWhy::Kernel),
                 Some(false) if k.pinned() => Err(ReadWhy::NearLimit),
                 // Far and still (the kernel would have said): only a limit
@@ -186,8 +198,11 @@ impl Monitor {
                 }
             }
         };
-        let mut figures: Vec<Result<Option<PredictFigures>, ReadWhy>> =
-            targets.iter().map(|c| fresh(c).map(Some)).collect();
+        let mut figures: Vec<Result<Option<PredictFigures>, ReadWhy>> = targets
+            .iter()
+            .zip(moved)
+            .map(|(c, moved)| fresh(c, moved).map(Some))
+            .collect();
         for c in stood {
             if let Some(k) = kept.get_mut(&c) {
                 k.round = round;
@@ -223,6 +238,7 @@ impl Monitor {
                 figures: g.clone(),
                 usage: None,
                 round,
+                seen: round,
                 at: Instant::now(),
                 far,
             };
@@ -236,9 +252,8 @@ impl Monitor {
             *f = Ok(got);
         }
         if all {
-            let followed: HashSet<&Path> = targets.iter().copied().collect();
-            kept.retain(|c, _| {
-                let keep = followed.contains(c.as_path());
+            kept.retain(|c, k| {
+                let keep = k.seen == round;
                 if !keep {
                     self.kernel.unfollow(c);
                 }

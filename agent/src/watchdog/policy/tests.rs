@@ -26,7 +26,7 @@ fn watchdog() -> Watchdog {
 
 fn sample(worker: u64, tasks: &[(&str, u64)]) -> Sample {
     Sample {
-        workers: [("w1".to_string(), worker)].into(),
+        workers: [("w1".to_string(), worker)].into_iter().collect(),
         tasks: tasks.iter().map(|(id, m)| (id.to_string(), *m)).collect(),
         ..Sample::default()
     }
@@ -494,7 +494,8 @@ async fn a_tick_reads_the_busy_tasks_only() {
     }
     w.register(request("unread"), &sample(50 * MIB, &[]), Instant::now())
         .unwrap();
-    let workers = |bytes: u64| HashMap::from([("w1".to_string(), bytes)]);
+    let workers =
+        |bytes: u64| -> FastMap<String, u64> { [("w1".to_string(), bytes)].into_iter().collect() };
     let quiet_but_loud = |task: &str, _: Instant| task != "loud";
     assert_eq!(
         ids(w.busy_tasks(&workers(50 * MIB), quiet_but_loud)),

@@ -297,6 +297,43 @@ fn the_window_and_the_sample_count_are_bounded() {
     assert_eq!(s.samples.len(), 1, "older than the window: gone");
 }
 
+/// The count of flat newest samples (what spares an idle series its scan)
+/// says "never moved" exactly when every sample in the window is the same,
+/// through pushes, a sample from the past, the count bound and the window.
+#[test]
+fn a_series_is_flat_exactly_when_every_sample_is_the_same() {
+    let start = Instant::now();
+    let mut s = Series::default();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut t = 0u64;
+    for k in 0..20_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Long flat runs, a change now and then, gaps past the window.
+        let value = if x.is_multiple_of(97) {
+            k
+        } else {
+            s.last().unwrap_or(0)
+        };
+        t += match x % 1000 {
+            0 => 40_000,
+            1 => 0,
+            _ => 100,
+        };
+        let at = if x.is_multiple_of(501) {
+            t.saturating_sub(5_000)
+        } else {
+            t
+        };
+        s.push(start + Duration::from_millis(at), value);
+        let last = s.last().expect("a sample");
+        let all_same = s.samples.iter().all(|&(_, b)| b == last);
+        assert_eq!(s.flat == s.samples.len(), all_same, "after {k} pushes");
+        assert!(s.flat >= 1 && s.flat <= s.samples.len());
+    }
+}
+
 /// `memshape rising` of `cargo xtask bench predict`: teeth of 40 % of the
 /// limit whose troughs rise 4 % a tooth, so a peak reaches the limit long
 /// before a trough does.
