@@ -7,14 +7,14 @@
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt as _,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex, MutexGuard, OnceLock},
 };
 
 use tokio::{sync::Notify, time::Instant};
 
 use crate::{
-    model::FastMap,
+    model::{ByPath, FastMap},
     probe::{GrowthLine, KernelWatch, Line, Watch},
 };
 
@@ -32,7 +32,7 @@ struct Held {
     /// Cgroup id by key.
     ids: FastMap<String, u64>,
     /// Cgroup id of each cgroup the predictor follows.
-    followed: FastMap<PathBuf, u64>,
+    followed: ByPath<u64>,
     /// By id of a watched cgroup: who watches it and what the kernel said.
     watched: FastMap<u64, Watched>,
     /// When records were last found lost to a full ring buffer: any of
@@ -127,7 +127,7 @@ impl KernelCaps {
         let Some(watch) = self.watch.get() else {
             return false;
         };
-        let known = self.held().followed.get(cgroup).copied();
+        let known = self.held().followed.get(cgroup.as_os_str()).copied();
         let id = match known {
             Some(id) => id,
             None => match std::fs::metadata(cgroup) {
@@ -136,7 +136,7 @@ impl KernelCaps {
             },
         };
         let mut held = self.held();
-        held.followed.insert(cgroup.to_path_buf(), id);
+        held.followed.insert(cgroup.as_os_str().to_owned(), id);
         let watched = held.watched.entry(id).or_default();
         if watched.watch.sample_bytes == Some(sample_bytes) {
             return true;
@@ -153,7 +153,7 @@ impl KernelCaps {
             return;
         };
         let mut held = self.held();
-        let Some(id) = held.followed.remove(cgroup) else {
+        let Some(id) = held.followed.remove(cgroup.as_os_str()) else {
             return;
         };
         held.stop_samples(id, watch.as_ref());
@@ -192,7 +192,7 @@ impl KernelCaps {
         queries
             .map(|query| {
                 let (cgroup, since) = query?;
-                let watched = held.watched.get(held.followed.get(cgroup)?)?;
+                let watched = held.watched.get(held.followed.get(cgroup.as_os_str())?)?;
                 watched.watch.sample_bytes?;
                 let after = |at: Option<Instant>| at.is_some_and(|at| at > since);
                 Some(after(held.lost_at) || after(watched.followed_at) || after(watched.sampled_at))

@@ -26,7 +26,7 @@ use crate::{
         sampler::{self, MemoryReader},
     },
     model::{
-        FastMap,
+        ByPath,
         event::{EventBody, EventKind},
         health::Health,
         spec::{AGENT_OWNER, MemorySource, Rule, Settings, TaskOutcome, TaskRequest, WorkerSpec},
@@ -69,7 +69,7 @@ pub(crate) struct Monitor {
     near: Mutex<std::collections::HashSet<PathBuf>>,
     /// The last full predictor reading of each cgroup far from its limits
     /// (predict.rs: reused while its usage stays put).
-    kept: Mutex<FastMap<PathBuf, predict::Kept>>,
+    kept: Mutex<ByPath<predict::Kept>>,
     /// Held for the outbox (SQLite) writes of a decision, taken before the
     /// watchdog's lock is let go: the writes never hold the watchdog (the
     /// API, /health and the sampling loop wait on it), and those of two

@@ -159,7 +159,7 @@ impl Monitor {
         let since: Vec<Option<(&Path, Instant)>> = targets
             .iter()
             .map(|c| {
-                let k = kept.get_mut(*c)?;
+                let k = kept.get_mut(c.as_os_str())?;
                 k.seen = round;
                 Some((*c, k.at))
             })
@@ -169,7 +169,7 @@ impl Monitor {
         // [`REREAD_FOLLOWED`] ticks from now.
         let mut stood = Vec::new();
         let mut fresh = |c: &Path, moved: Option<bool>| -> Result<PredictFigures, ReadWhy> {
-            let k = kept.get(c).ok_or(ReadWhy::New)?;
+            let k = kept.get(c.as_os_str()).ok_or(ReadWhy::New)?;
             let age = round.saturating_sub(k.round);
             match moved {
                 Some(true) => Err(ReadWhy::Kernel),
@@ -204,7 +204,7 @@ impl Monitor {
             .map(|(c, moved)| fresh(c, moved).map(Some))
             .collect();
         for c in stood {
-            if let Some(k) = kept.get_mut(&c) {
+            if let Some(k) = kept.get_mut(c.as_os_str()) {
                 k.round = round;
             }
         }
@@ -228,7 +228,7 @@ impl Monitor {
             }
             let got = read.next().flatten();
             let Some(g) = got.as_ref() else {
-                kept.remove(*c);
+                kept.remove(c.as_os_str());
                 self.kernel.unfollow(c);
                 *f = Ok(None);
                 continue;
@@ -248,14 +248,14 @@ impl Monitor {
             // After the kernel has the sample size: a new one says nothing
             // of the time before, and this read covers it.
             k.at = Instant::now();
-            kept.insert(c.to_path_buf(), k);
+            kept.insert(c.as_os_str().to_owned(), k);
             *f = Ok(got);
         }
         if all {
             kept.retain(|c, k| {
                 let keep = k.seen == round;
                 if !keep {
-                    self.kernel.unfollow(c);
+                    self.kernel.unfollow(Path::new(c));
                 }
                 keep
             });
