@@ -6,6 +6,7 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -31,12 +32,21 @@ const FORGET_AFTER: Duration = Duration::from_secs(120);
 /// Cgroups followed at most (the oldest-read one goes first).
 pub(crate) const MAX_CGROUPS: usize = 10_000;
 
+/// A cgroup the predictor follows, and whose it is: shared between ticks
+/// (a reading costs no copy of its path or names).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub cgroup: Arc<Path>,
+    pub worker: Arc<str>,
+    pub task_id: Option<Arc<str>>,
+}
+
 /// One cgroup's figures, read by the caller.
 #[derive(Clone, Debug)]
 pub(crate) struct Reading {
-    pub cgroup: PathBuf,
-    pub worker: String,
-    pub task_id: Option<String>,
+    pub cgroup: Arc<Path>,
+    pub worker: Arc<str>,
+    pub task_id: Option<Arc<str>>,
     /// Usage minus what reclaim frees first (`cgroup::memory::unreclaimable`).
     pub unreclaimable: u64,
     /// Every limit above it: its own, memsw, its ancestors', the host's.
@@ -177,13 +187,13 @@ impl Predictions {
             // Every tick reads every followed cgroup: one lookup and no
             // allocation for one already known whose nearest limit stayed
             // the same.
-            let f = match self.cgroups.get_mut(&r.cgroup) {
+            let f = match self.cgroups.get_mut(&*r.cgroup) {
                 Some(f) => f,
                 None => {
                     if self.cgroups.len() >= MAX_CGROUPS {
                         forget_oldest(&mut self.cgroups);
                     }
-                    self.cgroups.entry(r.cgroup.clone()).or_default()
+                    self.cgroups.entry(r.cgroup.to_path_buf()).or_default()
                 }
             };
             f.read_at = Some(now);
@@ -191,8 +201,8 @@ impl Predictions {
             if f.nearest.as_ref() != near {
                 f.nearest = near.cloned();
             }
-            if f.worker != r.worker {
-                f.worker.clone_from(&r.worker);
+            if *f.worker != *r.worker {
+                f.worker = r.worker.to_string();
             }
             // With prediction off its limit is still shown, nothing judged.
             if !rule.enabled {
@@ -266,8 +276,8 @@ fn forget_oldest(cgroups: &mut FastMap<PathBuf, Followed>) {
 
 fn body(kind: EventKind, r: &Reading) -> EventBody {
     let mut body = EventBody::new(kind);
-    body.worker = Some(r.worker.clone());
-    body.task_id = r.task_id.clone();
+    body.worker = Some(r.worker.to_string());
+    body.task_id = r.task_id.as_deref().map(str::to_owned);
     body.cgroup = Some(r.cgroup.display().to_string());
     body.rss_bytes = Some(r.unreclaimable);
     body
@@ -279,7 +289,7 @@ fn imminent(r: &Reading, p: &Prediction) -> EventBody {
     body.growth_bytes_per_sec = Some(p.rate_bytes_per_second.round() as i64);
     body.limit_bytes = Some(p.limit.bytes);
     let (constraint, whose) = match &p.limit.owner {
-        LimitOwner::Own => (OomConstraint::Cgroup, Some(r.cgroup.clone())),
+        LimitOwner::Own => (OomConstraint::Cgroup, Some(r.cgroup.to_path_buf())),
         LimitOwner::Ancestor(path) => (OomConstraint::Cgroup, Some(path.clone())),
         LimitOwner::Host => (OomConstraint::Global, None),
     };

@@ -15,7 +15,7 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
-    imminent::{Predictions, Reading},
+    imminent::{Predictions, Reading, Target},
     task::{Crossing, TaskState, TaskView},
     worker::{Cause, Transition, WorkerState, WorkerView, bytes},
 };
@@ -100,6 +100,9 @@ pub(crate) struct Watchdog {
     finished_total: u64,
     /// The kill predictor's series and hysteresis, by cgroup.
     predictions: Predictions,
+    /// The cgroups the predictor follows, built again only after a task came
+    /// or went (`None`): a tick copies no path (see `policy/predict.rs`).
+    targets: Option<std::sync::Arc<[Target]>>,
 }
 
 /// A retried registration: the same answer, nothing new.
@@ -133,6 +136,7 @@ impl Watchdog {
                 .map(|spec| (spec.name.clone(), WorkerState::new(spec)))
                 .collect(),
             tasks: BTreeMap::new(),
+            targets: None,
             finished: VecDeque::new(),
             finished_total: 0,
         }
@@ -302,6 +306,7 @@ impl Watchdog {
             task.observe(memory, now, &self.settings);
         }
         self.tasks.insert(req.task_id, task);
+        self.targets = None;
         events.push(body);
         Ok(Registration {
             admission,
@@ -333,6 +338,7 @@ impl Watchdog {
         let mut task = TaskState::new(req.task_id.clone(), worker, req.source, req.soft_cap, now);
         task.owner = req.owner;
         self.tasks.insert(req.task_id, task);
+        self.targets = None;
         Ok(())
     }
 
@@ -342,7 +348,11 @@ impl Watchdog {
         outcome: TaskOutcome,
         now: Instant,
     ) -> Result<(TaskView, Vec<EventBody>), WatchdogError> {
-        let Some(task) = self.tasks.remove(task_id) else {
+        let removed = self.tasks.remove(task_id);
+        if removed.is_some() {
+            self.targets = None;
+        }
+        let Some(task) = removed else {
             return self
                 .finished
                 .iter()

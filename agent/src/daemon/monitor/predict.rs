@@ -13,11 +13,7 @@
 //! [`REREAD_FOLLOWED`] ticks its limit files alone are read (its
 //! `memory.stat` only when one of them changed).
 
-use std::{
-    path::{Path, PathBuf},
-    sync::atomic::Ordering,
-    time::Duration,
-};
+use std::{path::Path, sync::atomic::Ordering, time::Duration};
 
 use tokio::time::Instant;
 
@@ -26,7 +22,7 @@ use crate::{
     cgroup::limits::LimitsShared,
     daemon::sampler::PredictFigures,
     watchdog::{
-        imminent::Reading,
+        imminent::{Reading, Target},
         policy::Sample,
         predict::{DROP_MIN_BYTES, Limit, LimitOwner, drop_size, near_a_limit},
     },
@@ -265,15 +261,21 @@ impl Monitor {
 
     /// Readings of `targets` (cgroup, worker, task); remembers which are near
     /// a limit when `all` (a full tick), for [`Monitor::fast_tick`].
-    fn readings(&self, targets: Vec<(PathBuf, String, Option<String>)>, all: bool) -> Vec<Reading> {
+    fn readings<'a>(
+        &self,
+        targets: impl IntoIterator<Item = &'a Target>,
+        all: bool,
+    ) -> Vec<Reading> {
         let mut near = Vec::new();
-        let paths: Vec<&Path> = targets.iter().map(|(c, _, _)| c.as_path()).collect();
+        let targets: Vec<&Target> = targets.into_iter().collect();
+        let paths: Vec<&Path> = targets.iter().map(|t| &*t.cgroup).collect();
         let figures = self.figures(&paths, all);
         let readings: Vec<Reading> = targets
             .into_iter()
             .zip(figures)
-            .filter_map(|((cgroup, worker, task_id), f)| {
+            .filter_map(|(target, f)| {
                 let f = f?;
+                let cgroup = &*target.cgroup;
                 let host = f.host.map(|(bytes, used)| Limit {
                     owner: LimitOwner::Host,
                     bytes,
@@ -290,12 +292,12 @@ impl Monitor {
                 });
                 let limits: Vec<Limit> = cgroups.chain(host).collect();
                 if near_a_limit(&limits) {
-                    near.push(cgroup.clone());
+                    near.push(cgroup.to_path_buf());
                 }
                 Some(Reading {
-                    cgroup,
-                    worker,
-                    task_id,
+                    cgroup: target.cgroup.clone(),
+                    worker: target.worker.clone(),
+                    task_id: target.task_id.clone(),
                     unreclaimable: f.unreclaimable,
                     limits,
                     high: f.high,
@@ -314,7 +316,7 @@ impl Monitor {
     /// Every followed cgroup's readings, for a full tick.
     pub(super) fn all_readings(&self) -> Vec<Reading> {
         let targets = self.lock().prediction_targets();
-        self.readings(targets, true)
+        self.readings(targets.iter(), true)
     }
 
     /// Whether any cgroup is within half of a limit (worth a fast tick).
@@ -333,12 +335,8 @@ impl Monitor {
         if near.is_empty() {
             return;
         }
-        let targets: Vec<_> = self
-            .lock()
-            .prediction_targets()
-            .into_iter()
-            .filter(|(c, _, _)| near.contains(c))
-            .collect();
+        let targets = self.lock().prediction_targets();
+        let targets = targets.iter().filter(|t| near.contains(&*t.cgroup));
         let sample = Sample {
             readings: self.readings(targets, false),
             ..Sample::default()

@@ -33,7 +33,7 @@ fn watchdog(rule: Option<PredictRule>) -> Watchdog {
 fn reading(bytes: u64) -> Sample {
     Sample {
         readings: vec![Reading {
-            cgroup: "/sys/fs/cgroup/memory/w1".into(),
+            cgroup: Path::new("/sys/fs/cgroup/memory/w1").into(),
             worker: "w1".into(),
             task_id: Some("t1".into()),
             unreclaimable: bytes,
@@ -190,7 +190,7 @@ async fn beyond_the_horizon_or_switched_off_nothing_is_said() {
 async fn followed_cgroups_are_bounded_and_forgotten() {
     let mut p = Predictions::default();
     let read = |i: usize| Reading {
-        cgroup: format!("/c{i}").into(),
+        cgroup: PathBuf::from(format!("/c{i}")).into(),
         worker: "w".into(),
         task_id: None,
         unreclaimable: 1,
@@ -219,7 +219,7 @@ fn the_limit_shown_is_the_one_with_least_headroom_even_with_prediction_off() {
     let own: PathBuf = "/sys/fs/cgroup/job/step".into();
     let parent: PathBuf = "/sys/fs/cgroup/job".into();
     let reading = |parent_used: u64| Reading {
-        cgroup: own.clone(),
+        cgroup: own.clone().into(),
         worker: "w".into(),
         task_id: Some("t".into()),
         unreclaimable: 100 * MIB,

@@ -1,25 +1,42 @@
 //! The watchdog's side of the kill predictor: which cgroups it follows,
 //! and what it said of them.
 
-use std::path::{Path, PathBuf};
+use std::{path::Path, sync::Arc};
 
 use tokio::time::Instant;
 
 use super::Watchdog;
-use crate::watchdog::{imminent::KillReport, predict::LimitFields};
+use crate::watchdog::{
+    imminent::{KillReport, Target},
+    predict::LimitFields,
+};
 
 impl Watchdog {
-    /// Every cgroup the predictor follows: (cgroup, worker, task).
-    pub(crate) fn prediction_targets(&self) -> Vec<(PathBuf, String, Option<String>)> {
+    /// Every cgroup the predictor follows: (cgroup, worker, task), shared:
+    /// built again only after a task came or went.
+    pub(crate) fn prediction_targets(&mut self) -> Arc<[Target]> {
+        if let Some(targets) = &self.targets {
+            return targets.clone();
+        }
         let workers = self.workers.values().filter_map(|w| {
             let cgroup = w.spec.source.cgroup()?;
-            Some((cgroup.to_path_buf(), w.spec.name.clone(), None))
+            Some(Target {
+                cgroup: cgroup.into(),
+                worker: w.spec.name.as_str().into(),
+                task_id: None,
+            })
         });
         let tasks = self.tasks.values().filter_map(|t| {
             let cgroup = t.source.as_ref()?.cgroup()?;
-            Some((cgroup.to_path_buf(), t.worker.clone(), Some(t.id.clone())))
+            Some(Target {
+                cgroup: cgroup.into(),
+                worker: t.worker.as_str().into(),
+                task_id: Some(t.id.as_str().into()),
+            })
         });
-        workers.chain(tasks).collect()
+        let targets: Arc<[Target]> = workers.chain(tasks).collect();
+        self.targets = Some(targets.clone());
+        targets
     }
 
     /// The ETA said for `cgroup`, while its kill is imminent.

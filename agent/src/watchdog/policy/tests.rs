@@ -513,3 +513,45 @@ async fn a_tick_reads_the_busy_tasks_only() {
         "a worker over its cap: every task is read (its residual counts)"
     );
 }
+
+/// The predictor's targets are shared between ticks and built again after
+/// every change of the tasks: a task registered, restored, ended or killed
+/// is in them (or gone) at the next call, never a tick late.
+#[tokio::test(start_paused = true)]
+async fn the_predictors_targets_follow_every_task_that_comes_or_goes() {
+    let mut w = watchdog();
+    let ids = |w: &mut Watchdog| -> Vec<Option<String>> {
+        w.prediction_targets()
+            .iter()
+            .map(|t| t.task_id.as_deref().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(ids(&mut w), [None], "the worker's own cgroup");
+    let first = w.prediction_targets();
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &w.prediction_targets()),
+        "shared while nothing changed"
+    );
+    w.register(request("t1"), &sample(0, &[]), Instant::now())
+        .unwrap();
+    assert_eq!(ids(&mut w), [None, Some("t1".into())]);
+    w.restore(request("t2"), Instant::now()).unwrap();
+    assert_eq!(ids(&mut w), [None, Some("t1".into()), Some("t2".into())]);
+    let t1 = w.prediction_targets()[1].clone();
+    assert_eq!(
+        &*t1.cgroup,
+        std::path::Path::new("/sys/fs/cgroup/memory/w1/t1")
+    );
+    assert_eq!(&*t1.worker, "w1");
+    w.finish(
+        "t1",
+        TaskOutcome::Ended { exit_code: Some(0) },
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(ids(&mut w), [None, Some("t2".into())]);
+    let killed = std::path::Path::new("/sys/fs/cgroup/memory/w1/t2");
+    let (task, _, _) = w.attribute_oom(Some(killed), 1, Instant::now());
+    assert_eq!(task.as_deref(), Some("t2"));
+    assert_eq!(ids(&mut w), [None]);
+}

@@ -150,7 +150,8 @@ async fn idle_far_cgroups_are_read_in_full_only_every_tenth_tick_unless_they_mov
         high: None,
         host: None,
     };
-    let cgroups: Vec<PathBuf> = (0..50).map(|i| root.path().join(format!("t{i}"))).collect();
+    let cgroups: Vec<std::path::PathBuf> =
+        (0..50).map(|i| root.path().join(format!("t{i}"))).collect();
     for (i, cgroup) in cgroups.iter().enumerate() {
         m.register(TaskRequest {
             task_id: format!("t{i}"),
@@ -225,7 +226,8 @@ async fn with_the_kernel_following_idle_far_cgroups_cost_no_reads() {
     let (m, metrics) = monitor(root.path(), reader.clone());
     let map = Arc::new(Watched::default());
     m.attach_kernel_watch(map.clone());
-    let cgroups: Vec<PathBuf> = (0..50).map(|i| root.path().join(format!("t{i}"))).collect();
+    let cgroups: Vec<std::path::PathBuf> =
+        (0..50).map(|i| root.path().join(format!("t{i}"))).collect();
     for (i, cgroup) in cgroups.iter().enumerate() {
         std::fs::create_dir(cgroup).unwrap();
         m.register(TaskRequest {
