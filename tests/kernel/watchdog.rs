@@ -8,8 +8,8 @@ use std::{
 
 use memwatch::{Event, EventKind};
 use memwatch_tests::{
-    agent::Agent, cgroup::TestCgroup, exec_memhog_with_mark, exec_memhog_with_mark_and_pace,
-    kernel_tests_enabled, ms_after_mark, time_scale, workspace_bin,
+    agent::Agent, cgroup::TestCgroup, exec_memhog_after, exec_memhog_with_mark,
+    exec_memhog_with_mark_and_pace, kernel_tests_enabled, ms_after_mark, time_scale, workspace_bin,
 };
 
 const MIB: u64 = 1 << 20;
@@ -404,6 +404,61 @@ async fn a_soft_cap_crossing_is_seen_by_the_kernel_not_the_sampler() {
     assert!(
         metrics.contains("memwatch_growth_lines_total{line=\"above_cap\"}"),
         "{metrics}"
+    );
+}
+
+/// The kernel counts page cache, the sampler does not: a task holding
+/// 48 MiB of it crosses its 64 MiB cap in the kernel long before its
+/// working set does. The read finds that crossing is page cache, and the
+/// kernel's line is raised above it, so the working set's own crossing is
+/// the kernel's news again, seen at once with sampling set to a minute
+/// (before, the kernel said nothing more until the usage fell back below,
+/// and the crossing waited for the next round or was never said).
+#[tokio::test]
+async fn a_soft_cap_crossed_over_page_cache_is_still_seen_by_the_kernel() {
+    if !kernel_tests_enabled("a_soft_cap_crossed_over_page_cache_is_still_seen_by_the_kernel") {
+        return;
+    }
+    let agent = Agent::start_with_config("sample_interval = \"60s\"\n").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dir = tempfile::tempdir_in("/var/tmp").expect("a directory on disk (not tmpfs)");
+    // Written once, the file's pages are inactive page cache of the task's
+    // cgroup (not shmem: /var/tmp is on disk).
+    let prelude = format!("head -c 48M /dev/zero > {}/cache", dir.path().display());
+    let (mark_ns, pace_ns_per_mib) =
+        exec_memhog_after(agent.socket(), "64M", "t-pc", Some(&prelude), 128, 60);
+    let crossing = agent
+        .wait_for_event(Duration::from_secs(30), "soft_cap_exceeded", |e| {
+            e.body.kind == EventKind::SoftCapExceeded && e.body.task_id.as_deref() == Some("t-pc")
+        })
+        .await;
+    let delay_ms = ms_after_mark(&crossing, mark_ns);
+    let workload_ms = 4.0 * pace_ns_per_mib as f64 / 1e6;
+    let scale = time_scale();
+    let (_, metrics) = agent.get("/metrics").await;
+    let above_lines = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("memwatch_growth_lines_total{line=\"above_cap\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    println!(
+        "crossed over 48 MiB of page cache → soft_cap_exceeded: {delay_ms:.1} ms after the \
+         60 MiB mark (memhog's own 60 → 64 MiB: {workload_ms:.1} ms; {above_lines} above-cap \
+         lines; time scale {scale})"
+    );
+    assert!(
+        above_lines >= 2.0,
+        "the page cache's crossing and the working set's: {above_lines} above-cap lines"
+    );
+    let reason = crossing.body.reason.as_deref().unwrap_or_default();
+    assert!(
+        !reason.contains("the kernel's count"),
+        "said from the read, not the kernel's figure: {reason}"
+    );
+    assert!(
+        delay_ms - workload_ms < KERNEL_PATH_BOUND_MS * scale,
+        "soft_cap_exceeded {delay_ms:.1} ms after the allocation crossed the cap \
+         ({workload_ms:.1} ms of it memhog's own way there; time scale {scale})"
     );
 }
 

@@ -78,12 +78,38 @@ pub fn exec_memhog_with_mark_and_pace(
     mib: u32,
     mark: u32,
 ) -> (i64, i64) {
-    let out = std::process::Command::new(workspace_bin("memwatch"))
-        .args(["exec", "--socket"])
-        .arg(socket)
-        .args(["--soft-cap", cap, "--task-id", task, "--"])
-        .arg(workspace_bin("memhog"))
-        .args([mib.to_string(), "1".into()])
+    exec_memhog_after(socket, cap, task, None, mib, mark)
+}
+
+/// [`exec_memhog_with_mark_and_pace`], the task running `sh -c
+/// '<prelude>; exec memhog …'` when there is a prelude: what it leaves in
+/// the task's cgroup (page cache, say) is there when memhog starts.
+pub fn exec_memhog_after(
+    socket: &Path,
+    cap: &str,
+    task: &str,
+    prelude: Option<&str>,
+    mib: u32,
+    mark: u32,
+) -> (i64, i64) {
+    let memhog = workspace_bin("memhog");
+    let mut command = std::process::Command::new(workspace_bin("memwatch"));
+    command.args(["exec", "--socket"]).arg(socket).args([
+        "--soft-cap",
+        cap,
+        "--task-id",
+        task,
+        "--",
+    ]);
+    match prelude {
+        None => command.arg(memhog).args([mib.to_string(), "1".into()]),
+        Some(prelude) => command.args([
+            "sh".to_string(),
+            "-c".into(),
+            format!("{prelude}; exec {} {mib} 1", memhog.display()),
+        ]),
+    };
+    let out = command
         .env(memhog::MARK_ENV, mark.to_string())
         .output()
         .expect("memwatch exec");

@@ -351,8 +351,7 @@ impl Monitor {
         sample.tasks = sampler::sample(self.reader.as_ref(), &[], &tasks).tasks;
         // A crossing the kernel still holds was judged by these reads; one it
         // closed before any read is said from its own figure.
-        self.kernel
-            .judged(sample.tasks.keys().map(String::as_str), read_at);
+        self.kernel.judged(&sample.tasks, read_at);
         sample.kernel_crossings = self.kernel.take_unjudged();
         sampler::kernel_figures(self.reader.as_ref(), &workers, &mut sample);
         sample.readings = self.all_readings();

@@ -189,3 +189,36 @@ async fn an_oom_killed_task_gives_its_cap_back_to_the_kernel() {
     let held = f.map.0.lock().unwrap().get(&id).and_then(|w| w.cap_bytes);
     assert_eq!(held, None, "the cap is taken back");
 }
+
+/// The kernel saw 66 MiB (page cache included), the read 62: no crossing,
+/// and the kernel's line goes to 68 MiB, so the working set's later climb
+/// past the cap is the kernel's news again (before this, the kernel said
+/// nothing more until the usage fell back below, and the crossing waited
+/// for the sampler's tick): at 69 the read says 65, once.
+#[tokio::test(start_paused = true)]
+async fn a_crossing_that_was_page_cache_leaves_the_kernel_watching_above_it() {
+    let root = tempfile::tempdir().unwrap();
+    let f = start(root.path());
+    let id = ino(&f.cgroup);
+    let held = |f: &Fixture| f.map.0.lock().unwrap().get(&id).copied().unwrap();
+    let pushed = held(&f).generation;
+    f.line(Line::AboveCap, 66 * MIB);
+    tokio::time::advance(Duration::from_millis(5)).await;
+    f.reads(62 * MIB);
+    f.m.tick();
+    assert!(f.crossings().is_empty(), "page cache");
+    assert_eq!(held(&f).cap_bytes, Some(68 * MIB));
+    assert!(held(&f).generation > pushed, "the kernel re-reads it");
+
+    tokio::time::advance(Duration::from_millis(200)).await;
+    f.line(Line::AboveCap, 69 * MIB);
+    tokio::time::advance(Duration::from_millis(5)).await;
+    f.reads(65 * MIB);
+    f.m.tick();
+    let said = f.crossings();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].rss_bytes, Some(65 * MIB));
+    f.m.finish("t", TaskOutcome::Ended { exit_code: Some(0) })
+        .unwrap();
+    assert_eq!(f.crossings().len(), 1, "said once");
+}

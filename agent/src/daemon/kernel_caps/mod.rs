@@ -9,6 +9,7 @@ use std::{
     os::unix::fs::MetadataExt as _,
     path::Path,
     sync::{Arc, Mutex, MutexGuard, OnceLock},
+    time::Duration,
 };
 
 use tokio::{sync::Notify, time::Instant};
@@ -43,6 +44,32 @@ struct Held {
     /// By id of a watched cgroup: the kernel's last cap crossing that no
     /// read has judged yet (almost always empty).
     crossings: HashMap<u64, KernelCrossing>,
+    /// By id of a watched cgroup: the kernel's line raised above its cap
+    /// after a read found the crossing was page cache (see
+    /// [`KernelCaps::judged`]; almost always empty).
+    raised: HashMap<u64, Raise>,
+}
+
+/// A cap the kernel holds raised: the true cap, how far above the
+/// kernel's usage the line was set, when, and whether it still is (one
+/// lowered again is kept a while for its rate bound).
+#[derive(Clone, Copy, Debug)]
+struct Raise {
+    cap: u64,
+    margin: u64,
+    at: Instant,
+    active: bool,
+}
+
+/// Raises closer together than this double the margin: a page-cache
+/// stream costs the sampling loop a few wake-ups a second, not one per
+/// margin of growth.
+const RAISE_WINDOW: Duration = Duration::from_secs(1);
+
+/// The least a raised line sits above the kernel's usage, and the slack a
+/// read must show below the cap before the kernel gets it back.
+fn raise_floor(cap: u64) -> u64 {
+    (cap / 32).max(1 << 20)
 }
 
 /// A cap crossing the kernel reported: its usage then (page cache
@@ -107,6 +134,7 @@ impl KernelCaps {
         watched.watch.cap_bytes = Some(cap);
         watched.watch.generation = generation;
         watch.set(id, Some(watched.watch));
+        held.raised.remove(&id);
     }
 
     /// Takes `key`'s cap back from the kernel.
@@ -226,6 +254,15 @@ impl KernelCaps {
                     if let Some(c) = held.crossings.get_mut(&line.memcg_id) {
                         c.closed = true;
                     }
+                    if let Some(watch) = self.watch.get() {
+                        lower(
+                            watched,
+                            &mut held.raised,
+                            &mut held.generation,
+                            line.memcg_id,
+                            watch.as_ref(),
+                        );
+                    }
                     false
                 }
                 (Line::Step, Some(cap)) => line.usage_bytes > cap,
@@ -238,25 +275,96 @@ impl KernelCaps {
         }
     }
 
-    /// The tasks of `keys` were read, the reads starting at `read_at`: a
-    /// crossing of theirs the kernel reported before that and still holds
-    /// (no below-cap line since) was judged by the read, which saw the
-    /// memory over the cap, or page cache that the sampler does not count.
-    pub(crate) fn judged<'a>(&self, keys: impl IntoIterator<Item = &'a str>, read_at: Instant) {
+    /// The tasks of `figures` were read (their working sets), the reads
+    /// starting at `read_at`: a crossing of theirs the kernel reported
+    /// before that and still holds (no below-cap line since) was judged by
+    /// the read, which saw the memory over the cap, or page cache that the
+    /// sampler does not count.
+    ///
+    /// Page cache: the kernel's line stays crossed, so it would say
+    /// nothing more until the usage fell back below, and a working set
+    /// that then grew past the cap would wait for the sampler's tick. So
+    /// the kernel's line is raised above its usage by the room the read
+    /// left below the cap (at least [`raise_floor`]): the next line comes
+    /// by the time the working set can have reached the cap. When the last
+    /// raise was less than [`RAISE_WINDOW`] ago and the working set did not
+    /// come halfway up its margin (page cache streams in), the margin is
+    /// doubled instead. The true cap
+    /// goes back to the kernel when it says the usage fell below the
+    /// raised line, or when a read finds the working set below the cap by
+    /// more than the margin and the floor.
+    pub(crate) fn judged(&self, figures: &FastMap<String, u64>, read_at: Instant) {
         let mut held = self.held();
-        if held.crossings.is_empty() {
+        if held.crossings.is_empty() && held.raised.is_empty() {
             return;
         }
-        for key in keys {
-            let Some(&id) = held.ids.get(key) else {
+        let Some(watch) = self.watch.get() else {
+            return;
+        };
+        let held = &mut *held;
+        let now = Instant::now();
+        held.raised
+            .retain(|_, r| r.active || now.duration_since(r.at) < RAISE_WINDOW);
+        for (key, &figure) in figures {
+            let Some(&id) = held.ids.get(key.as_str()) else {
                 continue;
             };
-            if held
+            let Some(watched) = held.watched.get_mut(&id) else {
+                continue;
+            };
+            let raised = held.raised.get(&id).filter(|r| r.active).copied();
+            let open = held
                 .crossings
                 .get(&id)
-                .is_some_and(|c| c.at <= read_at && !c.closed)
-            {
+                .filter(|c| c.at <= read_at && !c.closed)
+                .copied();
+            if let Some(crossing) = open {
                 held.crossings.remove(&id);
+                let cap = raised.map(|r| r.cap).or(watched.watch.cap_bytes);
+                if let Some(cap) = cap.filter(|&cap| figure <= cap) {
+                    let room = (cap - figure).max(raise_floor(cap));
+                    let margin = match held.raised.get(&id) {
+                        // The working set came more than halfway up the
+                        // last margin: it grows toward the cap, and the
+                        // line follows it.
+                        Some(r) if room.saturating_mul(2) <= r.margin => room,
+                        Some(r) if now.duration_since(r.at) < RAISE_WINDOW => {
+                            room.max(r.margin.saturating_mul(2))
+                        }
+                        _ => room,
+                    };
+                    held.generation += 1;
+                    let line = crossing.usage.max(cap).saturating_add(margin);
+                    watched.watch.cap_bytes = Some(line);
+                    watched.watch.generation = held.generation;
+                    watched.pushed_at = Some(now);
+                    let raise = Raise {
+                        cap,
+                        margin,
+                        at: now,
+                        active: true,
+                    };
+                    held.raised.insert(id, raise);
+                    watch.set(id, Some(watched.watch));
+                }
+            } else if let Some(r) = raised
+                && figure
+                    .saturating_add(r.margin)
+                    .saturating_add(raise_floor(r.cap))
+                    <= r.cap
+            {
+                if let Some(last) = watched.last.as_mut() {
+                    // The read found it well below: quiet until the kernel
+                    // says otherwise.
+                    *last = (last.0, now, false);
+                }
+                lower(
+                    watched,
+                    &mut held.raised,
+                    &mut held.generation,
+                    id,
+                    watch.as_ref(),
+                );
             }
         }
     }
@@ -332,6 +440,26 @@ impl KernelCaps {
     }
 }
 
+/// Hands the kernel `id`'s true cap again when its line was raised (a new
+/// generation: the kernel says at once if the usage is above it).
+fn lower(
+    watched: &mut Watched,
+    raised: &mut HashMap<u64, Raise>,
+    generation: &mut u64,
+    id: u64,
+    watch: &dyn KernelWatch,
+) {
+    let Some(raise) = raised.get_mut(&id).filter(|r| r.active) else {
+        return;
+    };
+    raise.active = false;
+    *generation += 1;
+    watched.watch.cap_bytes = Some(raise.cap);
+    watched.watch.generation = *generation;
+    watched.pushed_at = Some(Instant::now());
+    watch.set(id, Some(watched.watch));
+}
+
 /// An above-cap line of `id` at `usage`: a crossing to judge. One the
 /// kernel closed that no read judged yet stays, with the larger usage.
 fn above_line(crossings: &mut HashMap<u64, KernelCrossing>, id: u64, usage: u64) {
@@ -359,6 +487,7 @@ impl Held {
             watched.last = None;
             watched.pushed_at = None;
             self.crossings.remove(&id);
+            self.raised.remove(&id);
         }
         self.forget_if_unwatched(id, watch);
     }
@@ -389,209 +518,4 @@ impl Held {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use chrono::Utc;
-
-    use super::*;
-
-    fn moved(caps: &KernelCaps, cgroup: &Path, since: Instant) -> Option<bool> {
-        caps.moved_since_each([Some((cgroup, since))])
-            .pop()
-            .flatten()
-    }
-
-    struct NoMap;
-
-    impl KernelWatch for NoMap {
-        fn set(&self, _: u64, _: Option<Watch>) {}
-    }
-
-    /// The map as the kernel would hold it.
-    #[derive(Default)]
-    struct Map(Mutex<HashMap<u64, Watch>>);
-
-    impl KernelWatch for Map {
-        fn set(&self, id: u64, watch: Option<Watch>) {
-            let mut map = self.0.lock().unwrap();
-            match watch {
-                Some(w) => map.insert(id, w),
-                None => map.remove(&id),
-            };
-        }
-    }
-
-    impl Map {
-        fn get(&self, id: u64) -> Option<Watch> {
-            self.0.lock().unwrap().get(&id).copied()
-        }
-    }
-
-    fn line(memcg_id: u64, line: Line, usage_bytes: u64) -> GrowthLine {
-        GrowthLine {
-            time: Utc::now(),
-            memcg_id,
-            line,
-            usage_bytes,
-            cap_bytes: Some(100),
-        }
-    }
-
-    /// Quiet since a moment: the kernel holds the cap and sent no line
-    /// after it, and its last line left the cgroup below the cap.
-    #[tokio::test(start_paused = true)]
-    async fn quiet_means_no_line_since_and_below_the_cap() {
-        let dir = tempfile::tempdir().unwrap();
-        let caps = KernelCaps::default();
-        caps.push("t", dir.path(), 100);
-        assert!(
-            !caps.quiet_since("t", Instant::now()),
-            "no probe: never quiet"
-        );
-        caps.attach(Arc::new(NoMap));
-        caps.push("t", dir.path(), 100);
-        let id = std::fs::metadata(dir.path()).unwrap().ino();
-        let read = Instant::now();
-        assert!(caps.quiet_since("t", read), "held, nothing said yet");
-        assert!(!caps.quiet_since("other", read), "not held");
-        tokio::time::advance(Duration::from_millis(5)).await;
-        caps.line(&line(id, Line::Step, 50));
-        assert!(!caps.quiet_since("t", read), "a step after the last read");
-        assert!(caps.quiet_since("t", Instant::now()), "read again after it");
-        caps.line(&line(id, Line::AboveCap, 120));
-        tokio::time::advance(Duration::from_millis(5)).await;
-        assert!(!caps.quiet_since("t", Instant::now()), "above its cap");
-        caps.line(&line(id, Line::BelowCap, 90));
-        tokio::time::advance(Duration::from_millis(5)).await;
-        assert!(caps.quiet_since("t", Instant::now()));
-        assert_eq!(caps.usage_of("t"), Some(90));
-        caps.remove("t");
-        assert!(!caps.quiet_since("t", Instant::now()), "taken back");
-        assert_eq!(caps.usage_of("t"), None);
-    }
-
-    /// A read before the kernel got the cap, or before records were lost
-    /// to a full ring buffer, proves nothing: the task is read again, and a
-    /// loss wakes the sampling loop.
-    #[tokio::test(start_paused = true)]
-    async fn a_read_before_the_cap_was_pushed_or_records_were_lost_is_not_quiet() {
-        let dir = tempfile::tempdir().unwrap();
-        let caps = KernelCaps::default();
-        caps.attach(Arc::new(NoMap));
-        let read = Instant::now();
-        tokio::time::advance(Duration::from_millis(5)).await;
-        caps.push("t", dir.path(), 100);
-        assert!(!caps.quiet_since("t", read), "read before the push");
-        assert!(caps.quiet_since("t", Instant::now()));
-
-        let woken = caps.sample_now();
-        let read = Instant::now();
-        tokio::time::advance(Duration::from_millis(5)).await;
-        caps.records_lost();
-        assert!(!caps.quiet_since("t", read), "read before the loss");
-        tokio::time::timeout(Duration::from_millis(1), woken.notified())
-            .await
-            .expect("a loss wakes the sampling loop");
-        tokio::time::advance(Duration::from_millis(5)).await;
-        assert!(caps.quiet_since("t", Instant::now()), "read after the loss");
-    }
-
-    /// The predictor follows a cgroup: the kernel gets its sample size
-    /// beside any cap, and a sample after a read marks it moved; a cgroup
-    /// it does not follow, or any before the probe runs, is unknown (the
-    /// predictor reads it). A cap taken back leaves the samples, and the
-    /// last of both removes the entry.
-    #[tokio::test(start_paused = true)]
-    async fn a_followed_cgroup_moved_when_a_sample_came_after_the_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let cgroup = dir.path();
-        let id = std::fs::metadata(cgroup).unwrap().ino();
-        let caps = KernelCaps::default();
-        assert!(!caps.follow(cgroup, 1 << 20), "no probe yet");
-        assert_eq!(moved(&caps, cgroup, Instant::now()), None);
-        let map = Arc::new(Map::default());
-        caps.attach(map.clone());
-        assert!(!caps.follow(&dir.path().join("gone"), 1 << 20));
-
-        assert!(caps.follow(cgroup, 1 << 20));
-        let held = map.get(id).expect("in the map");
-        assert_eq!((held.cap_bytes, held.sample_bytes), (None, Some(1 << 20)));
-        let before = Instant::now() - Duration::from_millis(1);
-        assert_eq!(moved(&caps, cgroup, before), Some(true), "followed after");
-        tokio::time::advance(Duration::from_millis(5)).await;
-        let read = Instant::now();
-        assert_eq!(moved(&caps, cgroup, read), Some(false));
-        assert_eq!(moved(&caps, &dir.path().join("other"), read), None);
-
-        // A cap on the same cgroup: one entry with both; the cap's lines
-        // do not count as samples, and a sample is no cap line.
-        caps.push("t", cgroup, 100);
-        let held = map.get(id).unwrap();
-        assert_eq!(
-            (held.cap_bytes, held.sample_bytes),
-            (Some(100), Some(1 << 20))
-        );
-        let generation = held.generation;
-        tokio::time::advance(Duration::from_millis(5)).await;
-        caps.line(&line(id, Line::Step, 50));
-        assert_eq!(moved(&caps, cgroup, read), Some(false), "a step");
-        let quiet = Instant::now();
-        tokio::time::advance(Duration::from_millis(5)).await;
-        caps.line(&GrowthLine {
-            cap_bytes: None,
-            ..line(id, Line::Sample, 70)
-        });
-        assert_eq!(moved(&caps, cgroup, read), Some(true), "a sample");
-        assert!(caps.quiet_since("t", quiet), "a sample moves no cap line");
-        assert_eq!(caps.usage_of("t"), Some(50));
-        let read = Instant::now();
-        assert_eq!(moved(&caps, cgroup, read), Some(false));
-
-        // The same sample size again writes nothing; another one does, and
-        // keeps the cap's generation (the kernel does not re-arm its cap).
-        assert!(caps.follow(cgroup, 1 << 20));
-        assert_eq!(moved(&caps, cgroup, read), Some(false));
-        tokio::time::advance(Duration::from_millis(5)).await;
-        assert!(caps.follow(cgroup, 4 << 20));
-        let held = map.get(id).unwrap();
-        assert_eq!(
-            (held.generation, held.sample_bytes),
-            (generation, Some(4 << 20))
-        );
-        assert_eq!(moved(&caps, cgroup, read), Some(true), "new size");
-
-        // Lost records: every followed cgroup may have moved.
-        tokio::time::advance(Duration::from_millis(5)).await;
-        let read = Instant::now();
-        tokio::time::advance(Duration::from_millis(5)).await;
-        caps.records_lost();
-        assert_eq!(moved(&caps, cgroup, read), Some(true), "records lost");
-
-        // The cap goes, the samples stay; then they go too.
-        caps.remove("t");
-        let held = map.get(id).expect("still followed");
-        assert_eq!((held.cap_bytes, held.sample_bytes), (None, Some(4 << 20)));
-        assert!(held.generation > generation, "the kernel drops the cap");
-        caps.unfollow(cgroup);
-        assert_eq!(map.get(id), None);
-        assert_eq!(moved(&caps, cgroup, read), None);
-
-        // Removed: the path stands for that id no more.
-        assert!(caps.follow(cgroup, 1 << 20));
-        caps.cgroup_removed(id + 1);
-        assert!(map.get(id).is_some(), "another cgroup");
-        caps.cgroup_removed(id);
-        assert_eq!(map.get(id), None);
-        assert_eq!(moved(&caps, cgroup, read), None);
-
-        // Two keys on one cgroup: the cap stays until the last goes.
-        caps.push("a", cgroup, 100);
-        caps.push("b", cgroup, 200);
-        caps.push("b", cgroup, 200);
-        caps.remove("a");
-        assert_eq!(map.get(id).unwrap().cap_bytes, Some(200));
-        caps.remove("b");
-        assert_eq!(map.get(id), None);
-    }
-}
+mod tests;
