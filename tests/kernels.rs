@@ -12,6 +12,8 @@ mod kernel {
     mod predict;
     /// memory.events, PSI, the pressure rule and trigger, NPD plugin mode (root).
     mod pressure;
+    /// The soft cap's kernel path: a crossing seen in milliseconds, not at the next round (root).
+    mod soft_cap;
     /// Soft caps, worker health and task registration against real cgroups.
     mod watchdog;
 }
