@@ -47,7 +47,7 @@ enum Task {
     },
     /// Set up, then run a benchmark (default: overhead) and print its table (as root).
     Bench {
-        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (an OOM storm of 6,000 kills/min for a minute), `tasks` (registration and idle cost at 10 to 5,000 live tasks), `guard`, or `all` (the quick ones: overhead and delay, then one summary table).
+        /// Which benchmark: `overhead`, `delay` (detection delay vs pollers), `idle` (agent CPU and RSS by cgroup count), `storm` (an OOM storm of 6,000 kills/min for a minute), `tasks` (registration and idle cost at 10 to 5,000 live tasks), `guard`, `predict` (the kill predictor against its rivals: this host's cells, then cgroup v2's in VMs), `predict-v2` (the VMs' cells only), or `all` (the quick ones: overhead and delay, then one summary table).
         which: Option<String>,
         /// Also build this commit (a git worktree and its own target
         /// directory under target/bench-baseline/, sharing this tree's
@@ -102,6 +102,14 @@ enum Task {
         #[arg(last = true)]
         test_args: Vec<String>,
     },
+    /// Inside a VM that `bench predict-v2` booted: the predict cells of its
+    /// cgroup hierarchy with the binaries in BINS (nothing is built there),
+    /// then the figures and plots as console lines for the host.
+    #[command(hide = true)]
+    BenchInVm {
+        #[arg(long)]
+        bins: std::path::PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -130,6 +138,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             setup::ensure()?;
             bench::run(which.as_deref(), baseline.as_deref())
         }
+        Task::BenchInVm { bins } => bench::predict::inside_vm(&bins),
         Task::Image => {
             setup::ensure()?;
             shell::cargo(&["build", "--release", "--locked", "-p", "memwatch"])?;

@@ -14,10 +14,11 @@ pub(crate) enum Bench {
     Guard,
     Tasks,
     Predict,
+    PredictV2,
 }
 
 impl Bench {
-    const ALL: [Bench; 7] = [
+    const ALL: [Bench; 8] = [
         Bench::Overhead,
         Bench::Delay,
         Bench::Idle,
@@ -25,6 +26,7 @@ impl Bench {
         Bench::Guard,
         Bench::Tasks,
         Bench::Predict,
+        Bench::PredictV2,
     ];
     /// Those `bench all` runs: minutes each, not tens of minutes.
     pub(crate) const QUICK: [Bench; 2] = [Bench::Overhead, Bench::Delay];
@@ -38,13 +40,14 @@ impl Bench {
             Bench::Guard => "guard",
             Bench::Tasks => "tasks",
             Bench::Predict => "predict",
+            Bench::PredictV2 => "predict-v2",
         }
     }
 
     /// Whether it can run beside a baseline (`--baseline`).
     /// (`predict` is measured against its rivals, on the same traces.)
     fn takes_baseline(self) -> bool {
-        !matches!(self, Bench::Guard | Bench::Predict)
+        !matches!(self, Bench::Guard | Bench::Predict | Bench::PredictV2)
     }
 }
 

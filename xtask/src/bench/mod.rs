@@ -17,7 +17,7 @@ mod delay;
 mod guard;
 mod idle;
 mod overhead;
-mod predict;
+pub(crate) mod predict;
 mod segments;
 mod storm;
 mod tasks;
@@ -65,6 +65,7 @@ fn run_one(bench: Bench, baseline: Option<&Baseline>) -> anyhow::Result<Vec<Figu
         Bench::Guard => guard::guard().map(|()| Vec::new()),
         Bench::Tasks => tasks::tasks(baseline),
         Bench::Predict => predict::predict(),
+        Bench::PredictV2 => predict::predict_v2(),
     }
 }
 

@@ -42,6 +42,9 @@ pub(super) struct Contents<'a> {
     pub repeat: u32,
     /// Passed to each test executable.
     pub test_args: &'a [String],
+    /// A shell line the init runs instead of the tests (in `workdir`),
+    /// its exit status the run's.
+    pub command: Option<&'a str>,
 }
 
 /// Writes `<dir>/initramfs.cpio` (uncompressed newc: the kernel unpacks it
@@ -116,6 +119,16 @@ fn init_script(contents: &Contents<'_>) -> String {
             workdir = contents.workdir.display(),
             exe = test.display(),
         ));
+    }
+    if let Some(command) = contents.command {
+        tests = format!(
+            "echo \"MEMWATCH-VM-TEST-BEGIN command\"\n\
+             (cd '{workdir}' && {command} 2>&1)\n\
+             r=$?\n\
+             echo \"{TEST_END} command rc=$r\"\n\
+             [ $r -eq 0 ] || rc=1\n",
+            workdir = contents.workdir.display(),
+        );
     }
     format!(
         r#"#!/bin/busybox sh

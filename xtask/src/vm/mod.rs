@@ -112,6 +112,7 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
             time_scale: accel.time_scale(),
             repeat: options.repeat,
             test_args: &options.test_args,
+            command: None,
         };
         let cpio = initramfs::build(&vm_dir, &contents)?;
         eprintln!(
@@ -148,27 +149,15 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
             })),
         }
     }
-    let booted = thread::scope(|scope| -> anyhow::Result<Vec<(usize, Outcome)>> {
-        let initramfs = initramfs.as_deref();
-        let running: Vec<_> = vms
-            .iter()
-            .map(|(at, spec, kernel)| {
-                let vm_dir = &vm_dir;
-                let timeout = options.timeout;
-                scope.spawn(move || {
-                    let initramfs = initramfs.expect("built when a VM is needed");
-                    boot(spec, kernel, initramfs, accel, timeout, vm_dir).map(|o| (*at, o))
-                })
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|vm| {
-                vm.join()
-                    .map_err(|_| anyhow::anyhow!("a VM's thread panicked"))?
-            })
-            .collect()
-    })?;
+    let how = Boot {
+        initramfs: initramfs.as_deref(),
+        accel,
+        timeout: options.timeout,
+        vm_dir: &vm_dir,
+        memory: "2G",
+        console: Echo::Stdout,
+    };
+    let booted = boot_all(&vms, &how)?;
     for (at, outcome) in booted {
         outcomes[at] = Some(outcome);
     }
@@ -326,18 +315,123 @@ impl Accel {
     }
 }
 
+/// How the VMs of a run boot.
+#[derive(Clone, Copy)]
+struct Boot<'a> {
+    initramfs: Option<&'a Path>,
+    accel: Accel,
+    /// Per kernel, before the TCG scaling.
+    timeout: Duration,
+    /// Where each kernel's console log goes (`<spec>.log`).
+    vm_dir: &'a Path,
+    /// QEMU's `-m`.
+    memory: &'a str,
+    console: Echo,
+}
+
+/// Where the console's lines are echoed as they come.
+#[derive(Clone, Copy)]
+enum Echo {
+    Stdout,
+    Stderr,
+}
+
+/// Boots every `(index, spec, kernel)` at once: under TCG each guest runs
+/// on one host thread, so on the 2-core build machines two VMs take about
+/// as long as one.
+fn boot_all(
+    vms: &[(usize, String, kernel::Kernel)],
+    how: &Boot<'_>,
+) -> anyhow::Result<Vec<(usize, Outcome)>> {
+    thread::scope(|scope| {
+        let running: Vec<_> = vms
+            .iter()
+            .map(|(at, spec, kernel)| {
+                scope.spawn(move || boot(spec, kernel, how).map(|o| (*at, o)))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|vm| {
+                vm.join()
+                    .map_err(|_| anyhow::anyhow!("a VM's thread panicked"))?
+            })
+            .collect()
+    })
+}
+
+/// Boots each of `kernels` (Debian lines or versions, as `--kernel`
+/// takes them) in QEMU, all at once, with an initramfs of `binaries` whose
+/// init runs the shell line `command` instead of the kernel tests, with
+/// `memory` (QEMU's `-m`) and at most `timeout` each (scaled under TCG).
+/// The console is echoed to stderr; returns each kernel's outcome and the
+/// lines of its console log.
+pub(crate) fn run_command(
+    kernels: &[&str],
+    binaries: &[PathBuf],
+    command: &str,
+    dir: &Path,
+    memory: &str,
+    timeout: Duration,
+) -> anyhow::Result<Vec<(Outcome, Vec<String>)>> {
+    if !shell::is_root() {
+        bail!("booting a VM needs root");
+    }
+    ensure_tools()?;
+    fs::create_dir_all(dir)?;
+    let root = shell::workspace_root();
+    let accel = Accel::detect();
+    let contents = initramfs::Contents {
+        binaries,
+        tests: &[],
+        workdir: &root,
+        memwatch: binaries.first().context("the agent's binary comes first")?,
+        time_scale: accel.time_scale(),
+        repeat: 1,
+        test_args: &[],
+        command: Some(command),
+    };
+    let cpio = initramfs::build(dir, &contents)?;
+    let registry = Registry::open(&root.join("target/vm"))?;
+    let mut vms = Vec::new();
+    for (at, spec) in kernels.iter().enumerate() {
+        vms.push((at, spec.to_string(), registry.fetch(spec)?));
+    }
+    let how = Boot {
+        initramfs: Some(&cpio),
+        accel,
+        timeout,
+        vm_dir: dir,
+        memory,
+        console: Echo::Stderr,
+    };
+    let mut booted = boot_all(&vms, &how)?;
+    booted.sort_by_key(|(at, _)| *at);
+    booted
+        .into_iter()
+        .map(|(_, outcome)| {
+            let log = dir.join(format!("{}.log", outcome.spec));
+            let text =
+                fs::read_to_string(&log).with_context(|| format!("read {}", log.display()))?;
+            Ok((outcome, text.lines().map(String::from).collect()))
+        })
+        .collect()
+}
+
 /// Boots `kernel` with the initramfs and follows its serial console until
 /// the exit line, the VM's end, or `timeout`.
 // Long: QEMU's command, its two output readers and the console loop share
 // the child and the deadline; could be split into named steps later.
-fn boot(
-    spec: &str,
-    kernel: &kernel::Kernel,
-    initramfs: &Path,
-    accel: Accel,
-    timeout: Duration,
-    vm_dir: &Path,
-) -> anyhow::Result<Outcome> {
+fn boot(spec: &str, kernel: &kernel::Kernel, how: &Boot<'_>) -> anyhow::Result<Outcome> {
+    let Boot {
+        initramfs,
+        accel,
+        timeout,
+        vm_dir,
+        memory,
+        console: echo,
+    } = *how;
+    let initramfs = initramfs.context("an initramfs is built when a VM is needed")?;
     let timeout = match accel {
         Accel::Kvm => timeout,
         Accel::Tcg => timeout * 4,
@@ -352,7 +446,7 @@ fn boot(
     let mut log = fs::File::create(&log_path)?;
     let mut qemu = Command::new("qemu-system-x86_64");
     qemu.args(accel.args().iter().filter(|a| !a.is_empty()));
-    qemu.args(["-m", "2G", "-smp", "2", "-nographic", "-no-reboot"])
+    qemu.args(["-m", memory, "-smp", "2", "-nographic", "-no-reboot"])
         .arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")
@@ -409,7 +503,10 @@ fn boot(
             Ok(raw) => {
                 use std::io::Write as _;
                 let _ = writeln!(log, "{raw}");
-                println!("[{spec}] {raw}");
+                match echo {
+                    Echo::Stdout => println!("[{spec}] {raw}"),
+                    Echo::Stderr => eprintln!("[{spec}] {raw}"),
+                }
                 // The firmware's terminal resets can share a line with the
                 // init script's first words: its markers start where they start.
                 let line = raw.find("MEMWATCH-").map_or(raw.as_str(), |i| &raw[i..]);

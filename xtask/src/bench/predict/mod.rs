@@ -16,14 +16,22 @@
 //! with its defaults (`sample_interval` 1 s, horizon 60 s), the runs'
 //! cgroups found by a `[[rule]]`.
 //!
+//! On cgroup v2 (the Debian kernels [`vm`] boots) the cells are the
+//! 10 MiB/s leak, the same leak above `memory.high` at 0.9 × `memory.max`,
+//! and the same leak in a job whose parent's limit comes first.
+//!
 //! A plot of the first run of each cell is written to
 //! `target/bench/predict/<cell>.svg`.
 
+mod cgroup;
 mod plot;
 mod report;
 mod rivals;
 mod score;
 mod trace;
+mod vm;
+
+pub(crate) use vm::inside as inside_vm;
 
 use std::{
     collections::BTreeMap,
@@ -45,7 +53,10 @@ use memwatch_test_support::{
 };
 use serde_json::Value;
 
-use self::trace::{POLL, Sample, Trace, Warnings};
+use self::{
+    cgroup::{Fs, remove_tree},
+    trace::{POLL, Sample, Trace, Warnings},
+};
 use super::{
     compare::Figure,
     idle::{clock_ticks, cpu_ticks},
@@ -54,7 +65,6 @@ use super::{
 use crate::shell::workspace_root;
 
 const MIB: u64 = 1 << 20;
-const MEMORY: &str = "/sys/fs/cgroup/memory";
 const PARENT: &str = "memwatch-predict";
 /// Kills per cell (set [`RUNS_ENV`] for fewer, e.g. a quick look).
 const RUNS: usize = 10;
@@ -90,6 +100,18 @@ struct Cell {
     limit_mib: u64,
     /// Whether it ends in a kill (else it must survive).
     kills: bool,
+    limits: Limits,
+}
+
+/// Which limits a run's cgroup has.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Limits {
+    /// `limit_mib`, its own.
+    Own,
+    /// `limit_mib` and, at 0.9 × it, v2's `memory.high`.
+    High,
+    /// `limit_mib` on its parent; its own, 1 GiB, is never reached.
+    Parent,
 }
 
 const KILLING: [Cell; 5] = [
@@ -98,30 +120,35 @@ const KILLING: [Cell; 5] = [
         shape: "leak:2",
         limit_mib: 128,
         kills: true,
+        limits: Limits::Own,
     },
     Cell {
         name: "leak 10 MiB/s",
         shape: "leak:10",
         limit_mib: 384,
         kills: true,
+        limits: Limits::Own,
     },
     Cell {
         name: "leak 40 MiB/s",
         shape: "leak:40",
         limit_mib: 1024,
         kills: true,
+        limits: Limits::Own,
     },
     Cell {
         name: "steps of 64 MiB every 10 s",
         shape: "steps",
         limit_mib: 224,
         kills: true,
+        limits: Limits::Own,
     },
     Cell {
         name: "sawtooth, troughs rising",
         shape: "rising",
         limit_mib: 256,
         kills: true,
+        limits: Limits::Own,
     },
 ];
 
@@ -131,20 +158,53 @@ const SURVIVING: [Cell; 3] = [
         shape: "sawtooth",
         limit_mib: 256,
         kills: false,
+        limits: Limits::Own,
     },
     Cell {
         name: "93 % anon + page cache 2x the limit",
         shape: "pagecache",
         limit_mib: 256,
         kills: false,
+        limits: Limits::Own,
     },
     Cell {
         name: "spikes to 85-97 %",
         shape: "spikes",
         limit_mib: 256,
         kills: false,
+        limits: Limits::Own,
     },
 ];
+
+/// The cells of a cgroup v2 kernel (`bench predict-v2`, in the VMs): the
+/// 10 MiB/s leak again, then what needs v2 or a parent. Limits of 256 MiB:
+/// five runs at once fit the VM's memory.
+const V2_KILLING: [Cell; 3] = [
+    Cell {
+        name: "v2: leak 10 MiB/s",
+        shape: "leak:10",
+        limit_mib: 256,
+        kills: true,
+        limits: Limits::Own,
+    },
+    Cell {
+        name: "v2: memory.high at 0.9 × memory.max, leak 10 MiB/s",
+        shape: "leak:10",
+        limit_mib: 256,
+        kills: true,
+        limits: Limits::High,
+    },
+    Cell {
+        name: "v2: the parent's 256 MiB before the child's 1 GiB, leak 10 MiB/s",
+        shape: "leak:10",
+        limit_mib: 256,
+        kills: true,
+        limits: Limits::Parent,
+    },
+];
+
+/// Runs side by side in a v2 VM: its emulated CPUs are one host thread.
+const V2_PARALLEL: usize = 5;
 
 /// A killing run is stopped after this long (none should need it).
 const KILL_BOUND_S: f64 = 150.0;
@@ -152,6 +212,7 @@ const KILL_BOUND_S: f64 = 150.0;
 /// One run: its cell, cgroup and what happened.
 struct Run {
     cell: usize,
+    /// The cgroup the workload runs in.
     dir: PathBuf,
     trace: Trace,
     /// The agent's own `predicted_lead_seconds` on the kill, if any.
@@ -160,12 +221,32 @@ struct Run {
     said: Warnings,
 }
 
+/// `bench predict`: the cells of this host's hierarchy, then the cgroup
+/// v2 cells in the VMs ([`vm`]).
 pub(super) fn predict() -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the predict benchmark loads the eBPF probe and makes cgroups")?;
+    let mut figures = run_here(&release)?;
+    if Fs::detect()? == Fs::V1 {
+        figures.extend(vm::predict_v2(&release)?);
+    }
+    Ok(figures)
+}
+
+/// `bench predict-v2`: the cgroup v2 cells only, in the VMs.
+pub(super) fn predict_v2() -> anyhow::Result<Vec<Figure>> {
+    let release = release_bins("the predict benchmark boots VMs and makes cgroups")?;
+    vm::predict_v2(&release)
+}
+
+/// The cells of the hierarchy this machine has (v1: [`KILLING`] and
+/// [`SURVIVING`]; v2: [`V2_KILLING`]), with the agent and workloads of
+/// `release`: prints the tables, writes the plots, returns the figures.
+fn run_here(release: &Path) -> anyhow::Result<Vec<Figure>> {
+    let fs = Fs::detect()?;
     let (runs, survive) = (runs()?, survive_seconds()?);
-    let parent = Path::new(MEMORY).join(PARENT);
+    let parent = fs.root().join(PARENT);
     remove_tree(&parent);
-    std::fs::create_dir_all(&parent).with_context(|| format!("mkdir {}", parent.display()))?;
+    fs.mkdir(&parent, true)?;
     let out_dir = workspace_root().join("target/bench/predict");
     std::fs::create_dir_all(&out_dir)?;
     let config = out_dir.join("memwatch.toml");
@@ -188,18 +269,29 @@ pub(super) fn predict() -> anyhow::Result<Vec<Figure>> {
         ],
     )?;
     let pid = agent.pid().context("the agent's pid")?;
-    let cells: Vec<Cell> = KILLING.iter().chain(&SURVIVING).copied().collect();
-    let mut batches: Vec<Vec<(usize, f64)>> = (0..KILLING.len())
-        .map(|c| vec![(c, KILL_BOUND_S); runs])
-        .collect();
+    let cells: Vec<Cell> = match fs {
+        Fs::V1 => KILLING.iter().chain(&SURVIVING).copied().collect(),
+        Fs::V2 => V2_KILLING.to_vec(),
+    };
+    let at_once = match fs {
+        Fs::V1 => runs,
+        Fs::V2 => V2_PARALLEL,
+    };
+    let mut batches: Vec<Vec<(usize, f64)>> = Vec::new();
+    for (c, _) in cells.iter().enumerate().filter(|(_, cell)| cell.kills) {
+        let all = vec![(c, KILL_BOUND_S); runs];
+        batches.extend(all.chunks(at_once).map(<[_]>::to_vec));
+    }
     let per_survivor = runs.div_ceil(2).max(1);
-    batches.push(
-        (KILLING.len()..cells.len())
-            .flat_map(|c| vec![(c, survive); per_survivor])
-            .collect(),
-    );
+    let survivors: Vec<(usize, f64)> = (0..cells.len())
+        .filter(|c| !cells[*c].kills)
+        .flat_map(|c| vec![(c, survive); per_survivor])
+        .collect();
+    if !survivors.is_empty() {
+        batches.push(survivors);
+    }
     let mut done = Vec::new();
-    let mut cpu = BTreeMap::new();
+    let mut cpu: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
     for (b, batch) in batches.iter().enumerate() {
         let names: Vec<&str> = batch.iter().map(|(c, _)| cells[*c].name).collect();
         eprintln!("xtask: predict batch {b}: {} runs ({})", batch.len(), {
@@ -208,13 +300,15 @@ pub(super) fn predict() -> anyhow::Result<Vec<Figure>> {
             n.join(", ")
         });
         let (before, wall) = (cpu_ticks(pid)?, std::time::Instant::now());
-        let mut ran = run_batch(&release, &parent, &cells, batch, b)?;
+        let mut ran = run_batch(fs, &release.join("memshape"), &parent, &cells, batch, b)?;
         thread::sleep(Duration::from_secs(2));
         let share =
             (cpu_ticks(pid)? - before) as f64 / clock_ticks() / wall.elapsed().as_secs_f64()
                 * 100.0;
-        for c in batch.iter().map(|(c, _)| *c) {
-            cpu.insert(c, share);
+        let mut seen: Vec<usize> = batch.iter().map(|(c, _)| *c).collect();
+        seen.dedup();
+        for c in seen {
+            cpu.entry(c).or_default().push(share);
         }
         attach_events(&mut ran, &receiver.events());
         done.extend(ran);
@@ -222,28 +316,53 @@ pub(super) fn predict() -> anyhow::Result<Vec<Figure>> {
     report::keep(&out_dir, &cells, &done, &receiver.events())?;
     drop(agent);
     remove_tree(&parent);
-    report::report(&cells, &done, &cpu, &out_dir)
+    let cpu: BTreeMap<usize, f64> = cpu
+        .into_iter()
+        .map(|(c, shares)| (c, shares.iter().sum::<f64>() / shares.len() as f64))
+        .collect();
+    report::report(fs, &cells, &done, &cpu, &out_dir)
+}
+
+/// Makes a run's cgroups under `parent` as its cell says: `run-<b>-<j>`
+/// with the limit, and for [`Limits::Parent`] the workload's own `job`
+/// inside it; returns the workload's cgroup.
+fn make_run(fs: Fs, top: &Path, cell: &Cell) -> anyhow::Result<PathBuf> {
+    let limit = cell.limit_mib * MIB;
+    fs.mkdir(top, cell.limits == Limits::Parent)?;
+    fs.set_limit(top, limit)?;
+    match cell.limits {
+        Limits::Own => Ok(top.to_path_buf()),
+        Limits::High => {
+            fs.set_high(top, limit / 10 * 9)?;
+            Ok(top.to_path_buf())
+        }
+        Limits::Parent => {
+            let job = top.join("job");
+            fs.mkdir(&job, false)?;
+            fs.set_limit(&job, 1024 * MIB)?;
+            Ok(job)
+        }
+    }
 }
 
 /// Runs every `(cell, seconds)` of a batch at once, each in its own
 /// cgroup under `parent`, with the trace poller on all of them.
 fn run_batch(
-    release: &Path,
+    fs: Fs,
+    memshape: &Path,
     parent: &Path,
     cells: &[Cell],
     batch: &[(usize, f64)],
     b: usize,
 ) -> anyhow::Result<Vec<Run>> {
+    let mut tops = Vec::new();
     let mut dirs = Vec::new();
     for (j, (c, _)) in batch.iter().enumerate() {
-        let dir = parent.join(format!("run-{b}-{j}"));
-        std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
-        let limit = cells[*c].limit_mib * MIB;
-        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
-            .with_context(|| format!("limit {}", dir.display()))?;
-        dirs.push(dir);
+        let top = parent.join(format!("run-{b}-{j}"));
+        dirs.push(make_run(fs, &top, &cells[*c])?);
+        tops.push(top);
     }
-    let poller = Poller::start(dirs.clone());
+    let poller = Poller::start(fs, dirs.clone());
     // Let the agent's rule find the cgroups before anything grows.
     thread::sleep(Duration::from_secs(2));
     let mut threads = Vec::new();
@@ -253,14 +372,14 @@ fn run_batch(
             dir,
             &format!(
                 "{} {} {} {} {secs}",
-                release.join("memshape").display(),
+                memshape.display(),
                 cell.shape,
                 cell.limit_mib,
                 1000 * b + j
             ),
         );
         let (secs, dir) = (*secs, dir.clone());
-        threads.push(thread::spawn(move || watch_one(&line, secs, &dir)));
+        threads.push(thread::spawn(move || watch_one(fs, &line, secs, &dir)));
         // Staggered: the runs of a cell do not reach their limits together.
         thread::sleep(Duration::from_millis(300));
     }
@@ -302,11 +421,15 @@ fn run_batch(
     for run in &mut runs {
         run.trace.samples = samples.get(&run.dir).cloned().unwrap_or_default();
         run.trace.psi = psi
-            .iter()
+            .get(&run.dir)
+            .into_iter()
+            .flatten()
             .filter(|(t, _)| *t >= run.trace.start && *t <= run.trace.end)
             .copied()
             .collect();
-        let _ = std::fs::remove_dir(&run.dir);
+    }
+    for top in &tops {
+        remove_tree(top);
     }
     Ok(runs)
 }
@@ -320,13 +443,16 @@ struct Ended {
     killed: bool,
 }
 
-/// Each cgroup's samples, and the host's PSI `some avg10` over time.
-type Polled = (BTreeMap<PathBuf, Vec<Sample>>, Vec<(f64, f64)>);
+/// Each cgroup's samples, and its memory pressure (`some avg10`) over time.
+type Polled = (
+    BTreeMap<PathBuf, Vec<Sample>>,
+    BTreeMap<PathBuf, Vec<(f64, f64)>>,
+);
 
 /// Runs one workload (`line`, a shell line) to its end: when it started
 /// and ended, its allocation log, and whether the kernel OOM-killed it
-/// (its cgroup's `memory.oom_control` says so).
-fn watch_one(line: &str, secs: f64, dir: &Path) -> anyhow::Result<Ended> {
+/// (its cgroup's kill counter says so).
+fn watch_one(fs: Fs, line: &str, secs: f64, dir: &Path) -> anyhow::Result<Ended> {
     let start = now();
     let mut child = Command::new("sh")
         .args(["-c", line])
@@ -356,8 +482,7 @@ fn watch_one(line: &str, secs: f64, dir: &Path) -> anyhow::Result<Ended> {
     let held = reader
         .join()
         .map_err(|_| anyhow::anyhow!("memshape's reader panicked"))?;
-    let oom = std::fs::read_to_string(dir.join("memory.oom_control")).unwrap_or_default();
-    let killed = super::delay::oom_control_kills(&oom).is_some_and(|n| n > 0);
+    let killed = fs.oom_kills(dir) > 0;
     Ok(Ended {
         start,
         end,
@@ -366,27 +491,28 @@ fn watch_one(line: &str, secs: f64, dir: &Path) -> anyhow::Result<Ended> {
     })
 }
 
-/// Reads every run's cgroup files every [`POLL`], and the host's PSI.
+/// Reads every run's cgroup files and memory pressure every [`POLL`].
 struct Poller {
     stop: Arc<AtomicBool>,
     thread: thread::JoinHandle<Polled>,
 }
 
 impl Poller {
-    fn start(dirs: Vec<PathBuf>) -> Poller {
+    fn start(fs: Fs, dirs: Vec<PathBuf>) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = thread::spawn(move || {
-            let mut samples: BTreeMap<PathBuf, Vec<Sample>> = BTreeMap::new();
-            let mut psi = Vec::new();
+            let (mut samples, mut psi): Polled = Default::default();
             while !flag.load(Ordering::Relaxed) {
+                // v1: one figure for the host, read once a round.
+                let host = (fs == Fs::V1).then(|| fs.pressure(Path::new("/")));
                 for dir in &dirs {
-                    if let Some(s) = read_sample(dir) {
+                    if let Some(s) = fs.sample(dir, now()) {
                         samples.entry(dir.clone()).or_default().push(s);
                     }
-                }
-                if let Some(some) = host_psi() {
-                    psi.push((now(), some));
+                    if let Some(some) = host.unwrap_or_else(|| fs.pressure(dir)) {
+                        psi.entry(dir.clone()).or_default().push((now(), some));
+                    }
                 }
                 thread::sleep(POLL);
             }
@@ -399,38 +525,6 @@ impl Poller {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or_default()
     }
-}
-
-fn read_sample(dir: &Path) -> Option<Sample> {
-    let t = now();
-    let usage = std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
-    let field = |key: &str| {
-        stat.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    Some(Sample {
-        t,
-        usage,
-        inactive_file: field("total_inactive_file"),
-        active_file: field("total_active_file"),
-    })
-}
-
-/// `/proc/pressure/memory`'s `some avg10`, when the kernel has PSI.
-fn host_psi() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/pressure/memory").ok()?;
-    text.lines()
-        .find(|l| l.starts_with("some "))?
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("avg10="))?
-        .parse()
-        .ok()
 }
 
 fn now() -> f64 {
@@ -482,21 +576,15 @@ fn time_of(event: &Value) -> Option<f64> {
     Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64())
 }
 
-/// Removes `dir` and the run cgroups under it (each empty by then).
-fn remove_tree(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.path().is_dir() {
-                let _ = std::fs::remove_dir(e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
-}
-
 impl Run {
-    /// The plot's file name: the cell's shape, without `:`.
+    /// The plot's file name: the cell's shape, without `:`, and which
+    /// limits it has when not only its own.
     fn trace_name(&self, cell: &Cell) -> String {
-        cell.shape.replace(':', "-")
+        let shape = cell.shape.replace(':', "-");
+        match cell.limits {
+            Limits::Own => shape,
+            Limits::High => format!("{shape}-high"),
+            Limits::Parent => format!("{shape}-parent"),
+        }
     }
 }

@@ -7,7 +7,9 @@ use std::{collections::BTreeMap, path::Path, time::SystemTime};
 use serde_json::Value;
 
 use super::{
-    Cell, Run, plot,
+    Cell, Run,
+    cgroup::Fs,
+    plot,
     rivals::{self, RIVALS},
     score::{LEFT, Score},
 };
@@ -16,14 +18,18 @@ use crate::bench::compare::Figure;
 /// Prints a table per cell (memwatch, then each rival), writes the plots,
 /// and returns memwatch's figures.
 pub(super) fn report(
+    fs: Fs,
     cells: &[Cell],
     runs: &[Run],
     cpu: &BTreeMap<usize, f64>,
     out_dir: &Path,
 ) -> anyhow::Result<Vec<Figure>> {
     let mut figures = Vec::new();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!(
-        "\n## Predicting the kill (cgroup v1 host; lead = kernel kill stamp − first oom_imminent)\n"
+        "\n## Predicting the kill ({}, Linux {}; lead = kernel kill stamp − first oom_imminent)\n",
+        fs.name(),
+        kernel.trim()
     );
     for (c, cell) in cells.iter().enumerate() {
         let mine: Vec<(usize, &Run)> = runs
