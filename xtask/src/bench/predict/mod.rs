@@ -225,7 +225,7 @@ struct Run {
 /// v2 cells in the VMs ([`vm`]).
 pub(super) fn predict() -> anyhow::Result<Vec<Figure>> {
     let release = release_bins("the predict benchmark loads the eBPF probe and makes cgroups")?;
-    let mut figures = run_here(&release)?;
+    let mut figures = run_here(&release, POLL)?;
     if Fs::detect()? == Fs::V1 {
         figures.extend(vm::predict_v2(&release)?);
     }
@@ -240,8 +240,9 @@ pub(super) fn predict_v2() -> anyhow::Result<Vec<Figure>> {
 
 /// The cells of the hierarchy this machine has (v1: [`KILLING`] and
 /// [`SURVIVING`]; v2: [`V2_KILLING`]), with the agent and workloads of
-/// `release`: prints the tables, writes the plots, returns the figures.
-fn run_here(release: &Path) -> anyhow::Result<Vec<Figure>> {
+/// `release` and the trace poller reading every `poll`: prints the tables,
+/// writes the plots, returns the figures.
+fn run_here(release: &Path, poll: Duration) -> anyhow::Result<Vec<Figure>> {
     let fs = Fs::detect()?;
     let (runs, survive) = (runs()?, survive_seconds()?);
     let parent = fs.root().join(PARENT);
@@ -300,7 +301,15 @@ fn run_here(release: &Path) -> anyhow::Result<Vec<Figure>> {
             n.join(", ")
         });
         let (before, wall) = (cpu_ticks(pid)?, std::time::Instant::now());
-        let mut ran = run_batch(fs, &release.join("memshape"), &parent, &cells, batch, b)?;
+        let mut ran = run_batch(
+            fs,
+            poll,
+            &release.join("memshape"),
+            &parent,
+            &cells,
+            batch,
+            b,
+        )?;
         thread::sleep(Duration::from_secs(2));
         let share =
             (cpu_ticks(pid)? - before) as f64 / clock_ticks() / wall.elapsed().as_secs_f64()
@@ -349,6 +358,7 @@ fn make_run(fs: Fs, top: &Path, cell: &Cell) -> anyhow::Result<PathBuf> {
 /// cgroup under `parent`, with the trace poller on all of them.
 fn run_batch(
     fs: Fs,
+    poll: Duration,
     memshape: &Path,
     parent: &Path,
     cells: &[Cell],
@@ -362,7 +372,7 @@ fn run_batch(
         dirs.push(make_run(fs, &top, &cells[*c])?);
         tops.push(top);
     }
-    let poller = Poller::start(fs, dirs.clone());
+    let poller = Poller::start(fs, dirs.clone(), poll);
     // Let the agent's rule find the cgroups before anything grows.
     thread::sleep(Duration::from_secs(2));
     let mut threads = Vec::new();
@@ -491,14 +501,14 @@ fn watch_one(fs: Fs, line: &str, secs: f64, dir: &Path) -> anyhow::Result<Ended>
     })
 }
 
-/// Reads every run's cgroup files and memory pressure every [`POLL`].
+/// Reads every run's cgroup files and memory pressure every `poll`.
 struct Poller {
     stop: Arc<AtomicBool>,
     thread: thread::JoinHandle<Polled>,
 }
 
 impl Poller {
-    fn start(fs: Fs, dirs: Vec<PathBuf>) -> Poller {
+    fn start(fs: Fs, dirs: Vec<PathBuf>, poll: Duration) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = thread::spawn(move || {
@@ -514,7 +524,7 @@ impl Poller {
                         psi.entry(dir.clone()).or_default().push((now(), some));
                     }
                 }
-                thread::sleep(POLL);
+                thread::sleep(poll);
             }
             (samples, psi)
         });

@@ -16,9 +16,14 @@
 //! - **kubelet eviction**: every 10 s (its housekeeping), `memory.available`
 //!   (limit less working set) under 10 % of the limit.
 //! - **systemd-oomd**: memory pressure (PSI `some avg10`) above 60 % for
-//!   30 s (`ManagedOOMMemoryPressureLimit=60%`, its default duration). On a
-//!   cgroup v1 host no cgroup has PSI; the host's `/proc/pressure/memory` is
-//!   replayed instead, which can only be earlier.
+//!   30 s (`ManagedOOMMemoryPressureLimit=60%`, its default duration): on
+//!   cgroup v2 the run's own `memory.pressure`, as oomd reads it; on a
+//!   cgroup v1 host no cgroup has PSI, and the host's `/proc/pressure/memory`
+//!   is replayed instead, which can only be earlier.
+//!
+//! On cgroup v2 the 95 % threshold is replayed on `memory.current` the
+//! same way (v2 has no usage threshold the kernel notifies; the name is
+//! kept so the tables line up).
 
 use super::trace::{Sample, Trace, Warnings};
 

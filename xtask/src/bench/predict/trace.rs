@@ -1,5 +1,5 @@
 //! What one workload of `bench predict` left behind: its cgroup's files as
-//! a poller read them every [`POLL`], the host's memory pressure, the
+//! a poller read them every [`POLL`], its memory pressure, the
 //! workload's own allocation log, and the kill (the kernel's stamp); and
 //! what a watcher said about it ([`Warnings`]). Times are Unix seconds
 //! (f64) on the wall clock the agent's events are stamped in.
@@ -9,7 +9,8 @@ use std::time::Duration;
 /// How often the trace poller reads each cgroup.
 pub(crate) const POLL: Duration = Duration::from_millis(25);
 
-/// One read of a cgroup v1's files.
+/// One read of a cgroup's files (v1's names below; v2's are
+/// `memory.current` and `memory.stat`'s `inactive_file`, `active_file`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Sample {
     pub(crate) t: f64,
@@ -35,7 +36,8 @@ pub(crate) struct Trace {
     pub(crate) start: f64,
     pub(crate) end: f64,
     pub(crate) samples: Vec<Sample>,
-    /// The host's `/proc/pressure/memory` `some avg10` (%), over the run.
+    /// Memory pressure, `some avg10` (%), over the run: the cgroup's own
+    /// `memory.pressure` on v2, the host's `/proc/pressure/memory` on v1.
     pub(crate) psi: Vec<(f64, f64)>,
     /// The workload's allocation log: (time, bytes held).
     pub(crate) held: Vec<(f64, u64)>,
