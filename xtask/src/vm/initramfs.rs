@@ -246,4 +246,36 @@ mod tests {
         );
         assert_eq!(test_name(Path::new("/t/memhog")), "memhog");
     }
+
+    #[test]
+    fn a_command_runs_instead_of_the_tests_and_gives_the_exit_line() {
+        let (bins, tests) = (
+            [PathBuf::from("/w/target/release/memwatch")],
+            [PathBuf::from("/w/target/debug/deps/kernels-0123")],
+        );
+        let contents = |command| Contents {
+            binaries: &bins,
+            tests: &tests,
+            workdir: Path::new("/w"),
+            memwatch: &bins[0],
+            time_scale: 4,
+            repeat: 1,
+            test_args: &[],
+            command,
+        };
+        let tests_run = init_script(&contents(None));
+        assert!(tests_run.contains("'/w/target/debug/deps/kernels-0123' --show-output"));
+        let script = init_script(&contents(Some("'/w/xtask' bench-in-vm")));
+        assert!(!script.contains("kernels-0123"), "{script}");
+        assert!(
+            script.contains("(cd '/w' && '/w/xtask' bench-in-vm 2>&1)"),
+            "{script}"
+        );
+        let end = script.find(TEST_END).expect("the end line");
+        let exit = script.find(EXIT).expect("the exit line");
+        assert!(
+            end < exit && script.contains("[ $r -eq 0 ] || rc=1"),
+            "{script}"
+        );
+    }
 }

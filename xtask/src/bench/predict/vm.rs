@@ -47,8 +47,11 @@ pub(super) fn predict_v2(release: &Path) -> anyhow::Result<Vec<Figure>> {
         xtask.clone(),
     ];
     // The kernel's own OOM lines would break the tables' lines on the console.
+    // The host's choice of runs per cell goes in with it.
+    let runs = super::runs()?;
     let command = format!(
-        "dmesg -n 1; '{}' bench-in-vm --bins '{}'",
+        "dmesg -n 1; {}={runs} '{}' bench-in-vm --bins '{}'",
+        super::RUNS_ENV,
         xtask.display(),
         release.display()
     );
