@@ -141,8 +141,11 @@ impl Series {
                 .map(|&(t, b)| (t.duration_since(start).as_secs_f64(), b as f64))
                 .collect()
         };
-        // Above memory.high the rise began before the crossing.
-        let trend = trend(&points, from == 0)?;
+        let trend = if throttled {
+            throttled_trend(&points)?
+        } else {
+            trend(&points, from == 0)?
+        };
         let (eta, limit) = limits
             .iter()
             .map(|l| {
@@ -230,6 +233,35 @@ fn trend(points: &[(f64, f64)], whole: bool) -> Option<Trend> {
             peak_above: 0.0,
         },
     )
+}
+
+/// Growth above `memory.high`. The kernel's penalty grows with the
+/// square of the overage, so the rate falls to a crawl short of the limit,
+/// and what the cgroup gains comes in steps (charge batches, the
+/// workload's chunks): Theil–Sen's median slope of such a staircase can be
+/// 0, its recent half flat, and its rise smaller than a share of the level,
+/// while the cgroup still climbs to its kill. Without swap nothing above
+/// `memory.high` is given back but by the workload, so the rate is the
+/// rise of the lower envelope over the window; it counts from a drop's
+/// size (1 MiB), and only while the later half of the window rose too
+/// (by a quarter of that: more than the jitter of one reading).
+fn throttled_trend(points: &[(f64, f64)]) -> Option<Trend> {
+    let envelope = lower_envelope(points, &Teeth::default());
+    let (first, last) = (envelope.first()?, envelope.last()?);
+    let span = last.0 - first.0;
+    let grown = last.1 - first.1;
+    if envelope.len() < MIN_POINTS || span < MIN_SPAN.as_secs_f64() || grown < DROP_MIN_BYTES as f64
+    {
+        return None;
+    }
+    let mid = envelope.partition_point(|p| p.0 < first.0 + span / 2.0);
+    let late = last.1 - envelope.get(mid)?.1;
+    (late >= DROP_MIN_BYTES as f64 / 4.0).then(|| Trend {
+        rate: grown / span,
+        // 0.5 at a rise of 1 MiB over the window, 1 from 2 MiB.
+        confidence: (grown / (2.0 * DROP_MIN_BYTES as f64)).clamp(MIN_CONFIDENCE, 1.0),
+        peak_above: 0.0,
+    })
 }
 
 /// A sawtooth's growth: Theil–Sen over its troughs (what the heap keeps

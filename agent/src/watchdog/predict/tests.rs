@@ -222,6 +222,63 @@ fn above_memory_high_the_throttled_rate_is_used_and_said() {
     assert!(judged > 50);
 }
 
+/// A leak of 20 MiB/s up to `memory.high` (0.9 × the limit), then the
+/// kernel's crawl above it: 1 MiB every `every` seconds (as bench predict's
+/// v2 runs show it, 0.05–0.1 MiB/s), flat from `stops` seconds after the
+/// crossing. Returns the shape and when it crossed.
+fn throttled_staircase(every: f64, stops: f64) -> (impl Fn(f64) -> f64, f64, u64) {
+    let high = (0.9 * LIMIT as f64) as u64;
+    let fast = 20.0 * MIB;
+    let crossed = (high as f64 - 100.0 * MIB) / fast;
+    let shape = move |t: f64| {
+        if t < crossed {
+            100.0 * MIB + fast * t
+        } else {
+            high as f64 + ((t - crossed).min(stops) / every).floor() * MIB
+        }
+    };
+    (shape, crossed, high)
+}
+
+#[test]
+fn a_leak_throttled_to_a_crawl_above_memory_high_is_still_followed() {
+    let every = 12.0;
+    let (shape, crossed, high) = throttled_staircase(every, f64::INFINITY);
+    let (mut judged, mut seen) = (0, 0);
+    // From a whole window above memory.high on: the staircase's median
+    // slope is 0 and its rise far below 1 % of the level.
+    run(crossed + 150.0, &shape, own, Some(high), |t, p| {
+        if t < crossed + WINDOW.as_secs_f64() {
+            return;
+        }
+        judged += 1;
+        let Some(p) = p else { return };
+        seen += 1;
+        assert!(p.throttled);
+        let truth = (LIMIT as f64 - shape(t)) / (MIB / every);
+        let eta = p.eta.as_secs_f64();
+        assert!(
+            (eta - truth).abs() <= 0.35 * truth,
+            "at {t:.1}s eta {eta:.1} truth {truth:.1}"
+        );
+    });
+    assert!(judged > 1000 && seen == judged, "{seen} of {judged}");
+}
+
+#[test]
+fn growth_that_stops_above_memory_high_predicts_nothing() {
+    let (shape, crossed, high) = throttled_staircase(10.0, 40.0);
+    let mut judged = 0;
+    run(crossed + 120.0, &shape, own, Some(high), |t, p| {
+        // Half a window after the last step, the later half is flat.
+        if t >= crossed + 40.0 + WINDOW.as_secs_f64() / 2.0 + 1.0 {
+            assert!(p.is_none(), "at {t:.1}s: {p:?}");
+            judged += 1;
+        }
+    });
+    assert!(judged > 400);
+}
+
 #[test]
 fn an_ancestors_smaller_headroom_is_the_limit_chosen() {
     let parent = PathBuf::from("/sys/fs/cgroup/memory/job");
