@@ -18,8 +18,8 @@ use crate::{bench::compare::Figure, shell::workspace_root};
 
 /// The kernels the cells run on (pure cgroup v2 in the VM).
 const KERNELS: [&str; 2] = ["6.1", "6.12"];
-/// QEMU's memory: the ten throttled runs of 256 MiB at once, the agent,
-/// and the initramfs (held in memory).
+/// QEMU's memory: [`super::V2_PARALLEL`] runs of 256 MiB at once, the
+/// agent, and the initramfs (held in memory), with room.
 const VM_MEMORY: &str = "4G";
 /// Per kernel, boot and the cells (×4 under TCG).
 const TIMEOUT: Duration = Duration::from_secs(900);
