@@ -38,6 +38,10 @@ const RECENT_QUANTILE: f64 = 0.35;
 const GROWTH_FRACTION: f64 = 0.01;
 /// Below this confidence nothing is predicted.
 pub(crate) const MIN_CONFIDENCE: f64 = 0.5;
+/// Up to this share above `memory.high` the kernel's throttling is light
+/// (its penalty at 2 % is ~25 ms per 256 KiB charged); beyond it, growth
+/// slows to a crawl (see [`throttled_trend`]).
+const LIGHT_OVERAGE: f64 = 0.02;
 
 /// Whose limit it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,8 +150,19 @@ impl Series {
         } else {
             trend(&points, from == 0)?
         };
+        // Below memory.high the kernel will throttle the growth before it
+        // reaches a limit well above memory.high (the penalty grows with the
+        // square of the overage): the rate now does not carry on to such a
+        // limit, and the throttled one is known only above memory.high. A
+        // limit reached before the cgroup is LIGHT_OVERAGE past memory.high
+        // (an ancestor's, or its own just above) counts as before.
+        let reach = match high.filter(|_| !throttled) {
+            Some(h) => (h as f64 * (1.0 + LIGHT_OVERAGE) - last as f64).max(0.0),
+            None => f64::INFINITY,
+        };
         let (eta, limit) = limits
             .iter()
+            .filter(|l| l.bytes.saturating_sub(l.used) as f64 <= reach)
             .map(|l| {
                 let headroom = l.bytes.saturating_sub(l.used) as f64 - trend.peak_above;
                 (headroom.max(0.0) / trend.rate, l)

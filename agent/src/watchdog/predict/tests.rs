@@ -280,6 +280,43 @@ fn growth_that_stops_above_memory_high_predicts_nothing() {
 }
 
 #[test]
+fn below_memory_high_only_a_limit_reached_before_the_throttling_counts() {
+    let (shape, crossed, high) = throttled_staircase(10.0, f64::INFINITY);
+    let judge = |limits: &dyn Fn(u64) -> Vec<Limit>, high: u64| {
+        let (mut some, mut looks) = (0, 0);
+        run(crossed - 0.5, &shape, limits, Some(high), |t, p| {
+            if t > crossed - 4.0 {
+                looks += 1;
+                some += usize::from(p.is_some());
+            }
+        });
+        (some, looks)
+    };
+    // Its own limit 11 % above memory.high: the kernel will hold the leak
+    // at a crawl, which no ETA of the rate now describes.
+    let (some, looks) = judge(&own, high);
+    assert_eq!(
+        some, 0,
+        "{some} of {looks} predicted against a throttled limit"
+    );
+    // An ancestor's limit below memory.high is reached at the rate now.
+    let ancestor = |used: u64| {
+        let mut limits = own(used);
+        limits.push(Limit {
+            owner: LimitOwner::Ancestor("/sys/fs/cgroup/parent".into()),
+            bytes: high - 4 * (1 << 20),
+            used,
+        });
+        limits
+    };
+    let (some, looks) = judge(&ancestor, high);
+    assert!(some == looks && looks > 30, "{some} of {looks}");
+    // memory.high within 2 % of the limit throttles little: the limit counts.
+    let (some, looks) = judge(&own, LIMIT / 100 * 99);
+    assert!(some == looks && looks > 30, "{some} of {looks}");
+}
+
+#[test]
 fn an_ancestors_smaller_headroom_is_the_limit_chosen() {
     let parent = PathBuf::from("/sys/fs/cgroup/memory/job");
     let limits = |used: u64| {
