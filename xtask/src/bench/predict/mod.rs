@@ -23,6 +23,7 @@
 //! A plot of the first run of each cell is written to
 //! `target/bench/predict/<cell>.svg`.
 
+mod cells;
 mod cgroup;
 mod plot;
 mod report;
@@ -54,6 +55,7 @@ use memwatch_test_support::{
 use serde_json::Value;
 
 use self::{
+    cells::{Cell, KILLING, Limits, SURVIVING, V2_KILLING},
     cgroup::{Fs, remove_tree},
     trace::{POLL, Sample, Trace, Warnings},
 };
@@ -90,118 +92,6 @@ fn env_number(key: &str, default: f64) -> anyhow::Result<f64> {
         },
     }
 }
-
-/// One scenario.
-#[derive(Clone, Copy)]
-struct Cell {
-    name: &'static str,
-    /// memshape's SHAPE.
-    shape: &'static str,
-    limit_mib: u64,
-    /// Whether it ends in a kill (else it must survive).
-    kills: bool,
-    limits: Limits,
-}
-
-/// Which limits a run's cgroup has.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Limits {
-    /// `limit_mib`, its own.
-    Own,
-    /// `limit_mib` and, at 0.9 × it, v2's `memory.high`.
-    High,
-    /// `limit_mib` on its parent; its own, 1 GiB, is never reached.
-    Parent,
-}
-
-const KILLING: [Cell; 5] = [
-    Cell {
-        name: "leak 2 MiB/s",
-        shape: "leak:2",
-        limit_mib: 128,
-        kills: true,
-        limits: Limits::Own,
-    },
-    Cell {
-        name: "leak 10 MiB/s",
-        shape: "leak:10",
-        limit_mib: 384,
-        kills: true,
-        limits: Limits::Own,
-    },
-    Cell {
-        name: "leak 40 MiB/s",
-        shape: "leak:40",
-        limit_mib: 1024,
-        kills: true,
-        limits: Limits::Own,
-    },
-    Cell {
-        name: "steps of 64 MiB every 10 s",
-        shape: "steps",
-        limit_mib: 224,
-        kills: true,
-        limits: Limits::Own,
-    },
-    Cell {
-        name: "sawtooth, troughs rising",
-        shape: "rising",
-        limit_mib: 256,
-        kills: true,
-        limits: Limits::Own,
-    },
-];
-
-const SURVIVING: [Cell; 3] = [
-    Cell {
-        name: "sawtooth 50-90 %",
-        shape: "sawtooth",
-        limit_mib: 256,
-        kills: false,
-        limits: Limits::Own,
-    },
-    Cell {
-        name: "93 % anon + page cache 2x the limit",
-        shape: "pagecache",
-        limit_mib: 256,
-        kills: false,
-        limits: Limits::Own,
-    },
-    Cell {
-        name: "spikes to 85-97 %",
-        shape: "spikes",
-        limit_mib: 256,
-        kills: false,
-        limits: Limits::Own,
-    },
-];
-
-/// The cells of a cgroup v2 kernel (`bench predict-v2`, in the VMs): the
-/// 10 MiB/s leak again, then what needs v2 or a parent. Limits of 256 MiB:
-/// five runs at once fit the VM's memory.
-const V2_KILLING: [Cell; 3] = [
-    Cell {
-        name: "v2: leak 10 MiB/s",
-        shape: "leak:10",
-        limit_mib: 256,
-        kills: true,
-        limits: Limits::Own,
-    },
-    Cell {
-        name: "v2: memory.high at 0.9 × memory.max, leak 10 MiB/s",
-        shape: "leak:10",
-        limit_mib: 256,
-        kills: true,
-        limits: Limits::High,
-    },
-    Cell {
-        name: "v2: the parent's 256 MiB before the child's 1 GiB, leak 10 MiB/s",
-        shape: "leak:10",
-        limit_mib: 256,
-        kills: true,
-        limits: Limits::Parent,
-    },
-];
 
 /// Runs side by side in a v2 VM: its emulated CPUs are one host thread.
 const V2_PARALLEL: usize = 5;
