@@ -173,10 +173,21 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
         })
         .collect();
 
-    print!("{}", summary(&outcomes, accel));
+    finish(&outcomes, accel, options, started)
+}
+
+/// Prints the summary, writes docs/kernels.md when asked, and fails
+/// naming every kernel whose run failed, with its failures.
+fn finish(
+    outcomes: &[Outcome],
+    accel: Accel,
+    options: &Options,
+    started: Instant,
+) -> anyhow::Result<()> {
+    print!("{}", summary(outcomes, accel));
     if options.write_docs {
-        let doc = root.join("docs/kernels.md");
-        fs::write(&doc, kernels_doc::render(&outcomes, accel.name()))?;
+        let doc = shell::workspace_root().join("docs/kernels.md");
+        fs::write(&doc, kernels_doc::render(outcomes, accel.name()))?;
         eprintln!("xtask: vm-test: wrote {}", doc.display());
     }
     eprintln!(
@@ -201,6 +212,12 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
         bail!("the kernel tests failed on: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// A console line from its first `MEMWATCH-` marker on: the firmware's
+/// terminal resets can share a line with the init script's first words.
+pub(crate) fn marker_line(raw: &str) -> &str {
+    raw.find("MEMWATCH-").map_or(raw, |i| &raw[i..])
 }
 
 /// QEMU and the initramfs tools, installed when missing.
@@ -507,9 +524,7 @@ fn boot(spec: &str, kernel: &kernel::Kernel, how: &Boot<'_>) -> anyhow::Result<O
                     Echo::Stdout => println!("[{spec}] {raw}"),
                     Echo::Stderr => eprintln!("[{spec}] {raw}"),
                 }
-                // The firmware's terminal resets can share a line with the
-                // init script's first words: its markers start where they start.
-                let line = raw.find("MEMWATCH-").map_or(raw.as_str(), |i| &raw[i..]);
+                let line = marker_line(&raw);
                 if line.starts_with(BOOTED) && outcome.boot.is_none() {
                     outcome.boot = Some(started.elapsed());
                     outcome.release = field(line, "kernel=").unwrap_or_default();

@@ -142,12 +142,15 @@ fn read_back(lines: &[String]) -> ReadBack {
     let mut got = ReadBack::default();
     let mut inside = false;
     for line in lines {
-        // The console can put a terminal reset before a line's first words.
-        let line = line.find("MEMWATCH-").map_or(line.as_str(), |i| &line[i..]);
+        let line = crate::vm::marker_line(line);
         if line.starts_with(BEGIN) {
             inside = true;
-        } else if !inside {
-        } else if line.starts_with(END) {
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        if line.starts_with(END) {
             got.ended = true;
             break;
         } else if let Some(rest) = line.strip_prefix(FIGURE) {
